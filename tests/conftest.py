@@ -1,0 +1,55 @@
+"""Shared fixtures: verifiers and a helper to build a draft for them. Everything is local; nothing reaches a hub."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The embedded verifier (SmolLM2-135M-Instruct) as a cached HF directory."""
+    from speculators.verifier import embedded_verifier_dir
+
+    return embedded_verifier_dir()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer) -> Path:
+    """A random 6-layer Llama verifier (hidden 64) that shares SmolLM2's tokenizer and chat template."""
+    from speculators.verifier import build_tiny_verifier
+
+    return build_tiny_verifier(
+        tmp_path_factory.mktemp("verifiers") / "tiny-llama",
+        arch="llama",
+        tokenizer=smollm2_tokenizer,
+        vocab_size=len(smollm2_tokenizer),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory, smollm2_tokenizer) -> Path:
+    """A random 6-layer Qwen3 verifier (q/k norms) sharing SmolLM2's tokenizer."""
+    from speculators.verifier import build_tiny_verifier
+
+    return build_tiny_verifier(
+        tmp_path_factory.mktemp("verifiers") / "tiny-qwen3",
+        arch="qwen3",
+        tokenizer=smollm2_tokenizer,
+        vocab_size=len(smollm2_tokenizer),
+    )
