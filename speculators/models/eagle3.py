@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import LlamaConfig, Qwen3Config
+from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
@@ -44,17 +44,20 @@ def causal_attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def hf_layer_config(config: Eagle3Config) -> LlamaConfig | Qwen3Config:
-    """The transformers config object of the draft layer (rope parameters parsed the way the verifier's were)."""
-    cls = Qwen3Config if config.layer_type == "qwen3" else LlamaConfig
+def hf_layer_config(config: Eagle3Config) -> LlamaConfig:
+    """The layer settings as a transformers ``LlamaConfig`` (rope parsed exactly as the verifier's was).
+
+    Qwen3 layers differ from Llama's only by the per-head q/k norms, which ``Eagle3Attention`` adds itself, so one
+    config class serves both.
+    """
     layer = {k: v for k, v in config.transformer_layer_config.items() if k != "model_type"}
-    return cls(**layer)
+    return LlamaConfig(**layer)
 
 
 class Eagle3Attention(nn.Module):
     """Multi-head attention whose q/k/v read ``in_features`` (2H in layer 0); Qwen3 adds per-head q/k RMSNorm."""
 
-    def __init__(self, cfg: LlamaConfig | Qwen3Config, in_features: int, qk_norm: bool) -> None:
+    def __init__(self, cfg: LlamaConfig, in_features: int, qk_norm: bool) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -85,7 +88,7 @@ class Eagle3Attention(nn.Module):
 class Eagle3DecoderLayer(nn.Module):
     """Layer 0 attends over ``concat(embeds, hidden)``; later layers are plain pre-norm decoder layers."""
 
-    def __init__(self, cfg: LlamaConfig | Qwen3Config, layer_idx: int, norm_before_residual: bool, qk_norm: bool):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int, norm_before_residual: bool, qk_norm: bool):
         super().__init__()
         hidden = cfg.hidden_size
         self.layer_idx = layer_idx

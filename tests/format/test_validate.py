@@ -1,0 +1,152 @@
+"""The validator accepts a good checkpoint and rejects each known-bad one with a message that names the fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from speculators.cli import main as cli_main
+from speculators.format import validate_checkpoint
+from speculators.format.validate import errors
+from speculators.verifier import read_config_json
+
+from .test_roundtrip import build_draft
+
+
+@pytest.fixture(scope="module")
+def good_checkpoint(tmp_path_factory, tiny_llama_dir) -> Path:
+    model = build_draft(tiny_llama_dir, draft_vocab_size=512)
+    return model.save_pretrained(tmp_path_factory.mktemp("good") / "draft", dtype=torch.float32)
+
+
+def mutate(
+    src: Path,
+    dst: Path,
+    config_fn: Callable[[dict], None] | None = None,
+    tensors_fn: Callable[[dict], None] | None = None,
+) -> Path:
+    shutil.copytree(src, dst)
+    if config_fn:
+        config = json.loads((dst / "config.json").read_text())
+        config_fn(config)
+        (dst / "config.json").write_text(json.dumps(config))
+    if tensors_fn:
+        tensors = load_file(dst / "model.safetensors")
+        tensors_fn(tensors)
+        save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+def error_text(directory: Path, verifier_dir: Path) -> str:
+    found = errors(validate_checkpoint(directory, read_config_json(verifier_dir)))
+    return "\n".join(str(f) for f in found)
+
+
+def test_good_checkpoint_has_no_findings(good_checkpoint, tiny_llama_dir):
+    assert validate_checkpoint(good_checkpoint, read_config_json(tiny_llama_dir)) == []
+    assert cli_main(["validate", str(good_checkpoint), "--verifier", str(tiny_llama_dir)]) == 0
+
+
+def _set(path: str, value):
+    def apply(config: dict) -> None:
+        *parents, leaf = path.split(".")
+        node = config
+        for key in parents:
+            node = node[key] if not key.isdigit() else node[int(key)]
+        node[leaf] = value
+
+    return apply
+
+
+def _delete(path: str):
+    def apply(config: dict) -> None:
+        *parents, leaf = path.split(".")
+        node = config
+        for key in parents:
+            node = node[key] if not key.isdigit() else node[int(key)]
+        del node[leaf]
+
+    return apply
+
+
+def _rename_all_with_model_prefix(tensors: dict) -> None:
+    for name in list(tensors):
+        tensors["model." + name] = tensors.pop(name)
+
+
+def _d2t_as_ids(tensors: dict) -> None:
+    tensors["d2t"] = tensors["d2t"] + torch.arange(tensors["d2t"].shape[0])
+
+
+def _nan_in_fc(tensors: dict) -> None:
+    tensors["fc.weight"][0, 0] = float("nan")
+
+
+def _t2d_off_by_one(tensors: dict) -> None:
+    kept = tensors["t2d"].nonzero().flatten()
+    tensors["t2d"][kept[0]] = False
+    tensors["t2d"][kept[-1] + 1] = True
+
+
+BAD_CASES = {
+    "top_level_model_type": (_set("model_type", "llama"), None, "top-level model_type"),
+    "vocab_not_verifier": (_set("transformer_layer_config.vocab_size", 32000), None, "verifier's vocab_size"),
+    "no_layer_config": (_delete("transformer_layer_config"), None, "transformer_layer_config is missing"),
+    "no_layer_model_type": (_delete("transformer_layer_config.model_type"), None, "model_type is missing"),
+    "no_speculative_tokens": (
+        _delete("speculators_config.proposal_methods.0.speculative_tokens"),
+        None,
+        "speculative_tokens",
+    ),
+    "no_norm_before_residual": (_delete("norm_before_residual"), None, "norm_before_residual is missing"),
+    "no_default_method": (_delete("speculators_config.default_proposal_method"), None, "default_proposal_method"),
+    "no_verifier_architectures": (
+        _delete("speculators_config.verifier.architectures"),
+        None,
+        "verifier.architectures",
+    ),
+    "eagle1_type": (_set("speculators_model_type", "eagle"), None, "not servable"),
+    "aux_ids_out_of_range": (_set("eagle_aux_hidden_state_layer_ids", [2, 3, 7]), None, "outside [0, 6]"),
+    "model_prefix": (None, _rename_all_with_model_prefix, "'model.' prefix"),
+    "d2t_as_ids": (None, _d2t_as_ids, "store offsets"),
+    "missing_embed_tokens": (None, lambda t: t.pop("embed_tokens.weight"), "embed_tokens.weight is missing"),
+    "nan_weights": (None, _nan_in_fc, "NaN or Inf"),
+    "t2d_inconsistent": (None, _t2d_off_by_one, "inconsistent with d2t"),
+    "wrong_shape": (None, lambda t: t.update({"fc.weight": torch.zeros(64, 128)}), "fc.weight has shape"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_rejects_known_bad_checkpoint(case, good_checkpoint, tiny_llama_dir, tmp_path, capsys):
+    config_fn, tensors_fn, expected = BAD_CASES[case]
+    bad = mutate(good_checkpoint, tmp_path / case, config_fn, tensors_fn)
+    text = error_text(bad, tiny_llama_dir)
+    assert expected in text, text
+    assert cli_main(["validate", str(bad), "--verifier", str(tiny_llama_dir)]) == 1
+    assert "error(s)" in capsys.readouterr().out
+
+
+def test_missing_config_is_one_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    found = validate_checkpoint(tmp_path / "empty")
+    assert len(found) == 1 and "config.json" in found[0].file and found[0].severity == "error"
+
+
+def test_cli_runs_as_module(good_checkpoint, tiny_llama_dir):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "speculators", "validate", str(good_checkpoint), "--verifier", str(tiny_llama_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "0 error(s)" in result.stdout
