@@ -1,0 +1,437 @@
+"""Feature storage: sharded safetensors + a manifest, written atomically, resumable, checksummed.
+
+THE CONTRACT with the trainer (train/ reads exactly this; bump ``FORMAT_VERSION`` on any change)::
+
+    <output_dir>/
+      run_identity.json                 who made this data (verifier/tokenizer fingerprints, layer ids, settings);
+                                        a run with another verifier or other settings refuses to write here
+      train/   manifest.json  shard-00000.safetensors  shard-00001.safetensors ...
+      heldout/ manifest.json  shard-XXXXX.safetensors ...      (never trained on: evaluation only)
+      heldout_conversations.jsonl       normalised held-out conversations, one per line, OpenAI layout:
+                                        {"id": str, "messages": [{"role": "system"|"user"|"assistant", "content"}]}
+      token_counts.safetensors          "counts" int64 [V]: train-split ASSISTANT tokens (loss_mask == 1) per
+                                        verifier token id; provenance JSON in the metadata (key "provenance")
+
+    Reader:  FeatureDataset(split_dir)[i] -> {
+        "sample_id":   str,
+        "input_ids":   LongTensor  [T],
+        "loss_mask":   BoolTensor  [T]        1 on assistant content + its end-of-turn token,
+        "aux_hidden":  FloatTensor [T, n*H]   dequantised float32; residual streams ENTERING layers
+                                              manifest["aux_layer_ids"] (vLLM convention), concatenated in that order,
+        "last_hidden": FloatTensor [T, H]     output of the last decoder layer BEFORE the final norm,
+    }
+    FeatureDataset(split_dir).manifest -> dict with at least: aux_layer_ids, layer_convention, num_hidden_layers,
+        hidden_size, vocab_size, storage_dtype, verifier {name_or_path, architectures, fingerprint},
+        tokenizer {fingerprint, ...}, num_samples, num_tokens, num_loss_tokens, shards [...].
+
+    Online training gets the same tensors from :class:`data_gen.capture.FeatureCapture`.
+
+Shard file (one safetensors file; samples packed along the token axis, no padding stored):
+    input_ids int32 [N], loss_mask bool [N], offsets int64 [S+1] (sample s = rows offsets[s]:offsets[s+1]),
+    aux_hidden [N, n*H] and last_hidden [N, H] in bf16, or in float8_e4m3fn with float32 scales
+    aux_scale [N, n] (one per token per aux layer: layers differ in magnitude) and last_scale [N, 1];
+    metadata "sample_ids" (JSON list).
+
+Writing: each shard goes to a temporary name, is hashed (sha256), fsynced and renamed; then its record
+``shard-XXXXX.json`` (sample ids, token counts, sha256, bytes) is written the same way. A shard counts as done only
+when its record exists and its sha256 matches, so a run killed at any point resumes at the first missing shard and
+never duplicates or loses a sample. Rank 0 merges the records into ``manifest.json`` once all shards exist. The
+reader checks every shard's sha256 the first time it opens it (a corrupted shard raises CorruptShardError).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch.utils.data import Dataset
+
+FORMAT_NAME = "speculators-train/features"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+IDENTITY_NAME = "run_identity.json"
+TOKEN_COUNTS_NAME = "token_counts.safetensors"
+HELDOUT_CONVERSATIONS_NAME = "heldout_conversations.jsonl"
+SPLITS = ("train", "heldout")
+STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
+
+
+class CorruptShardError(RuntimeError):
+    """A shard's bytes do not match the sha256 recorded when it was written."""
+
+
+class IncompatibleOutputError(RuntimeError):
+    """The output directory holds data made by another verifier or with other settings."""
+
+
+# ---- paths and atomic files ---------------------------------------------------------------------------------
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def record_name(index: int) -> str:
+    return f"shard-{index:05d}.json"
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_rename(tmp: Path, target: Path) -> None:
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+
+
+def _temp_path(target: Path) -> Path:
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def atomic_write_text(target: str | Path, text: str) -> None:
+    """Write ``text`` to a temporary sibling, fsync, rename: readers see the old file or the new one, never half."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_path(target)
+    try:
+        tmp.write_text(text)
+        _fsync_rename(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_json(target: str | Path, payload: Any) -> None:
+    atomic_write_text(target, json.dumps(payload, indent=1, sort_keys=False) + "\n")
+
+
+def remove_stale_temporaries(directory: str | Path) -> int:
+    """Delete temporaries a killed run left behind (``.name.tmp-*``); returns how many."""
+    directory = Path(directory)
+    removed = 0
+    if directory.is_dir():
+        for path in directory.glob(".*.tmp-*"):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+# ---- quantisation -------------------------------------------------------------------------------------------
+def quantize(x: torch.Tensor, groups: int, storage_dtype: str) -> dict[str, torch.Tensor]:
+    """``x`` [N, groups*H] → stored tensors: bf16 as is, or fp8 e4m3 with one float32 scale per row and group."""
+    if storage_dtype == "bfloat16":
+        return {"values": x.to(torch.bfloat16).contiguous()}
+    if storage_dtype != "fp8":
+        raise ValueError(f"unknown storage_dtype {storage_dtype!r}; use bfloat16 or fp8")
+    rows = x.shape[0]
+    grouped = x.float().reshape(rows, groups, -1)
+    scale = (grouped.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
+    values = (grouped / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).reshape(rows, -1)
+    return {"values": values.contiguous(), "scale": scale.reshape(rows, groups).contiguous()}
+
+
+def dequantize(values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Stored tensors → float32 [N, groups*H]."""
+    if scale is None:
+        return values.float()
+    rows, groups = scale.shape
+    return (values.float().reshape(rows, groups, -1) * scale.reshape(rows, groups, 1)).reshape(rows, -1)
+
+
+# ---- writing ------------------------------------------------------------------------------------------------
+@dataclass
+class Sample:
+    """One captured sample as the pipeline hands it to :func:`write_shard` (features on CPU, any float dtype)."""
+
+    sample_id: str
+    input_ids: torch.Tensor  # [T] int
+    loss_mask: torch.Tensor  # [T] bool
+    aux_hidden: torch.Tensor  # [T, n*H]
+    last_hidden: torch.Tensor  # [T, H]
+
+
+def pack_samples(samples: Sequence[Sample], num_aux: int, storage_dtype: str) -> dict[str, torch.Tensor]:
+    """Concatenate samples along the token axis and quantise the features for storage."""
+    lengths = [int(s.input_ids.shape[0]) for s in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    if samples:
+        ids = torch.cat([s.input_ids.to(torch.int32) for s in samples])
+        mask = torch.cat([s.loss_mask.to(torch.bool) for s in samples])
+        aux = torch.cat([s.aux_hidden for s in samples])
+        last = torch.cat([s.last_hidden for s in samples])
+    else:  # a shard whose conversations were all dropped still gets a (tiny) file: it is "done"
+        ids, mask = torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.bool)
+        aux, last = torch.zeros(0, num_aux), torch.zeros(0, 1)
+    tensors = {"input_ids": ids.contiguous(), "loss_mask": mask.contiguous(), "offsets": offsets}
+    aux_q, last_q = quantize(aux, num_aux, storage_dtype), quantize(last, 1, storage_dtype)
+    tensors["aux_hidden"] = aux_q["values"]
+    tensors["last_hidden"] = last_q["values"]
+    if "scale" in aux_q:
+        tensors["aux_scale"], tensors["last_scale"] = aux_q["scale"], last_q["scale"]
+    return tensors
+
+
+def write_shard(
+    split_dir: str | Path, index: int, samples: Sequence[Sample], num_aux: int, storage_dtype: str
+) -> dict[str, Any]:
+    """Atomically write shard ``index`` and then its record; returns the record (also what the manifest lists)."""
+    split_dir = Path(split_dir)
+    split_dir.mkdir(parents=True, exist_ok=True)
+    target = split_dir / shard_name(index)
+    tensors = pack_samples(samples, num_aux, storage_dtype)
+    ids = [s.sample_id for s in samples]
+    tmp = _temp_path(target)
+    try:
+        save_file(tensors, str(tmp), metadata={"sample_ids": json.dumps(ids), "format": FORMAT_NAME})
+        digest = sha256_file(tmp)
+        size = tmp.stat().st_size
+        _fsync_rename(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    lengths = (tensors["offsets"][1:] - tensors["offsets"][:-1]).tolist()
+    loss_tokens = [
+        int(tensors["loss_mask"][a:b].sum())
+        for a, b in zip(tensors["offsets"][:-1], tensors["offsets"][1:], strict=True)
+    ]
+    record = {
+        "index": index,
+        "file": target.name,
+        "sha256": digest,
+        "bytes": size,
+        "num_samples": len(samples),
+        "num_tokens": int(sum(lengths)),
+        "num_loss_tokens": int(sum(loss_tokens)),
+        "sample_ids": ids,
+        "sample_tokens": lengths,
+        "sample_loss_tokens": loss_tokens,
+    }
+    atomic_write_json(split_dir / record_name(index), record)
+    return record
+
+
+def done_record(split_dir: str | Path, index: int, verify: bool = True) -> dict[str, Any] | None:
+    """The record of a finished shard, or ``None`` when the shard must be (re)made.
+
+    A record without its shard, or whose shard's sha256 differs (a half-copied or damaged file), means "redo".
+    """
+    split_dir = Path(split_dir)
+    record_path, shard_path = split_dir / record_name(index), split_dir / shard_name(index)
+    if not record_path.exists() or not shard_path.exists():
+        return None
+    try:
+        record = json.loads(record_path.read_text())
+    except json.JSONDecodeError:
+        return None
+    if shard_path.stat().st_size != record.get("bytes"):
+        return None
+    if verify and sha256_file(shard_path) != record.get("sha256"):
+        return None
+    return record
+
+
+def finalize_split(split_dir: str | Path, num_shards: int, header: dict[str, Any]) -> dict[str, Any]:
+    """Merge the shard records into ``manifest.json`` (atomically); refuses when a shard is missing."""
+    split_dir = Path(split_dir)
+    records = []
+    missing = []
+    for index in range(num_shards):
+        record_path = split_dir / record_name(index)
+        if not record_path.exists() or not (split_dir / shard_name(index)).exists():
+            missing.append(index)
+            continue
+        records.append(json.loads(record_path.read_text()))
+    if missing:
+        raise RuntimeError(
+            f"{split_dir}: shards {missing[:10]}{'…' if len(missing) > 10 else ''} are missing "
+            f"({len(missing)} of {num_shards}); a rank failed or stopped — rerun data_gen to resume"
+        )
+    manifest = dict(header)
+    manifest.update(
+        {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "split": split_dir.name,
+            "num_shards": num_shards,
+            "num_samples": sum(r["num_samples"] for r in records),
+            "num_tokens": sum(r["num_tokens"] for r in records),
+            "num_loss_tokens": sum(r["num_loss_tokens"] for r in records),
+            "bytes": sum(r["bytes"] for r in records),
+            "shards": records,
+        }
+    )
+    atomic_write_json(split_dir / MANIFEST_NAME, manifest)
+    return manifest
+
+
+# ---- run identity (refuse to mix data from different verifiers or settings) --------------------------------
+def check_or_write_identity(output_dir: str | Path, identity: dict[str, Any], write: bool = True) -> None:
+    """Compare ``identity`` with the one stored in ``output_dir``; store it when the directory is new.
+
+    Mixing shards made by two verifiers (or two chat templates, layer sets, lengths…) silently trains a draft on
+    inconsistent targets, so any difference is refused with the fields that differ and the fix.
+    """
+    output_dir = Path(output_dir)
+    path = output_dir / IDENTITY_NAME
+    if path.exists():
+        stored = json.loads(path.read_text())
+        diffs = _differences(stored, identity)
+        if diffs:
+            shown = "; ".join(f"{key}: stored {a!r} vs now {b!r}" for key, a, b in diffs[:6])
+            raise IncompatibleOutputError(
+                f"{output_dir} already holds features made with a different verifier or settings ({shown}). "
+                "Choose another data_gen.output_dir, or delete that directory to start over."
+            )
+        return
+    if any(output_dir.glob("*/shard-*")):
+        raise IncompatibleOutputError(
+            f"{output_dir} holds feature shards but no {IDENTITY_NAME}, so their origin is unknown; "
+            "choose another data_gen.output_dir or delete that directory"
+        )
+    if write:
+        atomic_write_json(path, identity)
+
+
+def _differences(stored: Any, current: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(stored, dict) and isinstance(current, dict):
+        diffs = []
+        for key in sorted(set(stored) | set(current)):
+            diffs += _differences(stored.get(key), current.get(key), f"{prefix}{key}.")
+        return diffs
+    return [] if stored == current else [(prefix.rstrip("."), stored, current)]
+
+
+# ---- reading ------------------------------------------------------------------------------------------------
+def read_manifest(split_dir: str | Path) -> dict[str, Any]:
+    split_dir = Path(split_dir)
+    path = split_dir / MANIFEST_NAME
+    if not path.exists():
+        partial = sorted(split_dir.glob("shard-*.json")) if split_dir.is_dir() else []
+        hint = (
+            f"{len(partial)} shard records exist, so data_gen did not finish: rerun it to resume"
+            if partial
+            else "run data_gen first (accelerate launch data_gen/run.py recipe=...)"
+        )
+        raise FileNotFoundError(f"{split_dir}: no {MANIFEST_NAME}; {hint}")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT_NAME or manifest.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: format {manifest.get('format')!r} v{manifest.get('format_version')} is not "
+            f"{FORMAT_NAME!r} v{FORMAT_VERSION}; regenerate the features with this version of data_gen"
+        )
+    return manifest
+
+
+class FeatureDataset(Dataset):
+    """The samples of one split directory (``<output_dir>/train`` or ``/heldout``), see the module contract.
+
+    Shards are memory-mapped lazily (one open shard per process, so DataLoader workers each open their own) and
+    each shard's sha256 is checked the first time this process opens it (``verify=False`` skips that).
+    """
+
+    def __init__(self, split_dir: str | Path, verify: bool = True) -> None:
+        self.split_dir = Path(split_dir)
+        self.manifest = read_manifest(self.split_dir)
+        self.verify = verify
+        self._index: list[tuple[int, int]] = []  # global item -> (shard position, sample within shard)
+        self._ids: list[str] = []
+        for position, shard in enumerate(self.manifest["shards"]):
+            for local, sample_id in enumerate(shard["sample_ids"]):
+                self._index.append((position, local))
+                self._ids.append(sample_id)
+        self._verified: set[int] = set()
+        self._open: tuple[int, Any, torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return list(self._ids)
+
+    def lengths(self) -> list[int]:
+        """Token count of every item (for length-grouped batching), read from the manifest."""
+        return [n for shard in self.manifest["shards"] for n in shard["sample_tokens"]]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_open"] = None  # safetensors handles are per process
+        return state
+
+    def _shard(self, position: int) -> tuple[Any, torch.Tensor]:
+        if self._open is not None and self._open[0] == position:
+            return self._open[1], self._open[2]
+        record = self.manifest["shards"][position]
+        path = self.split_dir / record["file"]
+        if not path.exists():
+            raise CorruptShardError(
+                f"{path} is missing; rerun data_gen on {self.split_dir.parent} to rebuild it"
+            )
+        if self.verify and position not in self._verified:
+            if path.stat().st_size != record["bytes"] or sha256_file(path) != record["sha256"]:
+                raise CorruptShardError(
+                    f"{path} is corrupted (sha256 differs from the manifest). Delete it and "
+                    f"{record_name(record['index'])}, then rerun data_gen with the same recipe to rebuild it"
+                )
+            self._verified.add(position)
+        handle = safe_open(str(path), framework="pt")
+        offsets = handle.get_tensor("offsets")
+        self._open = (position, handle, offsets)
+        return handle, offsets
+
+    def __getitem__(self, item: int) -> dict[str, Any]:
+        if item < 0:
+            item += len(self)
+        position, local = self._index[item]
+        handle, offsets = self._shard(position)
+        start, stop = int(offsets[local]), int(offsets[local + 1])
+        keys = set(handle.keys())
+
+        def rows(name: str) -> torch.Tensor:
+            return handle.get_slice(name)[start:stop]
+
+        aux = dequantize(rows("aux_hidden"), rows("aux_scale") if "aux_scale" in keys else None)
+        last = dequantize(rows("last_hidden"), rows("last_scale") if "last_scale" in keys else None)
+        return {
+            "sample_id": self._ids[item],
+            "input_ids": rows("input_ids").long(),
+            "loss_mask": rows("loss_mask").bool(),
+            "aux_hidden": aux,
+            "last_hidden": last,
+        }
+
+
+def read_token_counts(output_dir: str | Path) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``(counts int64 [V], provenance)`` from ``<output_dir>/token_counts.safetensors``."""
+    path = Path(output_dir) / TOKEN_COUNTS_NAME
+    with safe_open(str(path), framework="pt") as handle:
+        provenance = json.loads((handle.metadata() or {}).get("provenance", "{}"))
+        counts = handle.get_tensor("counts")
+    return counts, provenance
+
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "CorruptShardError",
+    "FeatureDataset",
+    "IncompatibleOutputError",
+    "Sample",
+    "read_manifest",
+    "read_token_counts",
+    "write_shard",
+]
