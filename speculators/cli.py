@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # that ``speculators validate`` does not pay for the decoding engine's imports.
 SUBCOMMAND_MODULES = (
     "speculators.format.command",
+    "speculators.export.command",
 )
 
 

@@ -1,0 +1,382 @@
+"""``speculators convert SRC OUT_DIR``: EAGLE-3 drafts from other projects' layouts → the standard format.
+
+Layouts (facts from the producers' code, not copied from it):
+
+* ``eagle3-original`` (SafeAILab/EAGLE ``traineagle3``): a flat Llama ``config.json`` (``architectures:
+  ["LlamaForCausalLM"]``, ``model_type: llama``, ``draft_vocab_size``), weights ``midlayer.*``, ``fc``, ``norm``,
+  ``lm_head``, ``d2t`` (offsets) and ``t2d``, often as ``pytorch_model.bin``, usually without ``embed_tokens``. The
+  residual of layer 0 is the un-normed hidden state (``norm_before_residual: false``); aux states are the inputs
+  of layers ``[2, L//2, L-3]`` (vLLM's convention) and the config lists none.
+* ``specforge`` (SGLang's trainer): the same flat config with ``architectures: ["LlamaForCausalLMEagle3"]`` and
+  optionally ``eagle_config.eagle_aux_hidden_state_layer_ids`` in the OUTPUT-of-layer convention (SGLang adds 1;
+  SpecForge's default ``[1, L//2-1, L-4]`` is vLLM's ``[2, L//2, L-3]``); ``model.safetensors`` without
+  ``embed_tokens``; ``norm_before_residual: false`` semantics.
+* ``speculators``: the standard format itself, possibly older (no ``norm_before_residual``, no layer
+  ``model_type``, a top-level ``model_type``, ``model.``-prefixed names, d2t as ids) or newer (``norm_before_fc``,
+  ``fc_norm``, ``norm_output``). ``--flags max-compat`` writes the form every consumer reads; ``keep`` keeps them.
+
+EAGLE-1/HASS drafts (one layer over ``fc(cat(embedding, feature))`` with ``fc`` [H, 2H], no aux layers; the
+speculators ``eagle`` type) are a different architecture that vLLM cannot serve: they get an explanation.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speculators.export.exporter import EXPORT_DTYPES, load_verifier_config
+from speculators.export.model_card import CardInfo, render_model_card
+from speculators.export.sources import read_config, read_weights
+from speculators.export.tensors import standard_tensors, warn
+from speculators.export.writer import write_validated
+from speculators.format.config import (
+    Eagle3Config,
+    ProposalMethod,
+    SpeculatorsConfig,
+    VerifierRef,
+    default_aux_layer_ids,
+    rope_settings,
+)
+from speculators.format.validate import Finding
+from speculators.verifier import resolve_dtype
+
+LAYOUTS = ("eagle3-original", "specforge", "speculators")
+AUX_CONVENTIONS = ("auto", "vllm", "output-of-layer")
+FLAG_MODES = ("max-compat", "keep")
+NEWER_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+SPECFORGE_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Qwen3ForCausalLMEagle3", "Qwen2ForCausalLMEagle3")
+# Flat-config keys copied into transformer_layer_config (the rest of a flat config is producer metadata).
+FLAT_LAYER_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "hidden_act",
+    "max_position_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)
+
+
+class UnsupportedDraftError(ValueError):
+    """The source is not an EAGLE-3 draft and cannot become one by conversion."""
+
+
+EAGLE1_EXPLANATION = (
+    "{where} is an EAGLE-1/HASS-style draft ({evidence}). That architecture feeds one decoder layer with "
+    "fc(cat(token embedding, last verifier feature)) and reads no auxiliary layers; EAGLE-3 reads three verifier "
+    "layers through fc [H, 3H] and attends over cat(embedding, hidden) [2H]. vLLM serves only the eagle3 family "
+    "from the speculators format (its loader rejects the 'eagle' type), and no weight mapping turns one into the "
+    "other. Nothing was written. To serve HASS-quality drafts, train on the EAGLE-3 architecture (HASS's top-K "
+    "distillation and context alignment apply to it) and export that."
+)
+
+
+@dataclass
+class ConvertResult:
+    out_dir: Path
+    layout: str
+    config: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+
+
+# ---- detection ---------------------------------------------------------------------------------------------
+def detect_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str = "source") -> str:
+    """One of ``LAYOUTS``; raises ``UnsupportedDraftError`` for EAGLE-1/HASS and ``ValueError`` for unknown input."""
+    check_not_eagle1(config, tensors, where)
+    if isinstance(config.get("speculators_config"), dict) or "speculators_model_type" in config:
+        return "speculators"
+    architectures = config.get("architectures") or []
+    if any(a in SPECFORGE_ARCHITECTURES for a in architectures) or isinstance(config.get("eagle_config"), dict):
+        return "specforge"
+    names = {n.removeprefix("model.") for n in tensors}
+    if "draft_vocab_size" in config or any(n.startswith("midlayer.") for n in names):
+        return "eagle3-original"
+    raise ValueError(
+        f"{where}: not a layout this converter knows (no speculators_config, no EAGLE-3 architecture, no "
+        f"draft_vocab_size or midlayer.* weights); pass --from one of {LAYOUTS} if you know better"
+    )
+
+
+def check_not_eagle1(config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> None:
+    evidence = None
+    if config.get("speculators_model_type") == "eagle":
+        evidence = "speculators_model_type 'eagle'"
+    names = {n.removeprefix("model.").replace("midlayer.", "layers.0."): t for n, t in tensors.items()}
+    fc, q_proj = names.get("fc.weight"), names.get("layers.0.self_attn.q_proj.weight")
+    if evidence is None and fc is not None and fc.ndim == 2 and fc.shape[1] == 2 * fc.shape[0]:
+        evidence = f"fc.weight {list(fc.shape)} = [H, 2H]" + (", with fc.bias" if "fc.bias" in names else "")
+    if evidence is None and fc is not None and q_proj is not None and q_proj.shape[1] == fc.shape[0]:
+        evidence = f"layer 0 q_proj reads {q_proj.shape[1]} features, not 2H = {2 * fc.shape[0]}"
+    if evidence:
+        raise UnsupportedDraftError(EAGLE1_EXPLANATION.format(where=where, evidence=evidence))
+
+
+# ---- pieces shared by the layouts --------------------------------------------------------------------------
+def shifted_aux_ids(
+    ids: list[int] | None, convention: str, num_verifier_layers: int, where: str
+) -> list[int]:
+    """Aux ids in vLLM's convention. ``convention`` is the SOURCE's: ``output-of-layer`` ids are one lower
+    (a layer's output is the stream entering the next) and get +1 with a warning. No ids → vLLM's default."""
+    if ids is None:
+        return default_aux_layer_ids(num_verifier_layers)
+    ids = [int(i) for i in ids]
+    if convention == "output-of-layer":
+        shifted = [i + 1 for i in ids]
+        warn(
+            f"{where}: aux layer ids {ids} are in the output-of-layer convention (SGLang/SpecForge); shifted by +1 "
+            f"to vLLM's convention (the stream entering layer k): {shifted}. Use --aux-convention vllm if they "
+            "already were."
+        )
+        ids = shifted
+    bad = [i for i in ids if not 0 <= i <= num_verifier_layers]
+    if bad:
+        raise ValueError(
+            f"{where}: aux layer ids {bad} fall outside [0, {num_verifier_layers}] for this {num_verifier_layers}-"
+            "layer verifier; check --aux-convention (the ±1 convention) and the verifier"
+        )
+    return ids
+
+
+def align_rope(layer: dict[str, Any], verifier_config: dict[str, Any], where: str) -> None:
+    """Write the verifier's rope settings into the layer config (positions must be encoded as the verifier does;
+    a dropped llama3 ``rope_scaling`` broke real Llama-3.1 drafts), warning when the source said otherwise."""
+    wanted = rope_settings(verifier_config)
+    source = {"rope_theta": layer.get("rope_theta"), "rope_scaling": layer.get("rope_scaling")}
+    if "rope_parameters" in layer and source["rope_theta"] is None:
+        source = rope_settings({"rope_parameters": layer["rope_parameters"]})
+    if source["rope_theta"] is not None and (
+        float(source["rope_theta"]) != float(wanted["rope_theta"]) or source["rope_scaling"] != wanted["rope_scaling"]
+    ):
+        warn(
+            f"{where}: rope settings {source} differ from the verifier's {wanted}; wrote the verifier's "
+            "(the draft must encode positions as the verifier does)"
+        )
+    layer.pop("rope_parameters", None)
+    layer.update(wanted)
+    verifier_positions = verifier_config.get("max_position_embeddings")
+    if verifier_positions and int(layer.get("max_position_embeddings") or 0) < int(verifier_positions):
+        layer["max_position_embeddings"] = int(verifier_positions)
+
+
+def layer_from_flat(config: dict[str, Any], vocab_size: int, verifier_config: dict[str, Any]) -> dict[str, Any]:
+    """``transformer_layer_config`` from a flat Llama draft config (eagle3-original / SpecForge layouts)."""
+    layer = {k: config[k] for k in FLAT_LAYER_KEYS if config.get(k) is not None}
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in layer]
+    if missing:
+        raise ValueError(f"the source config.json lacks {missing}; it cannot describe the draft layer")
+    layer["vocab_size"] = vocab_size
+    layer.setdefault("num_key_value_heads", layer["num_attention_heads"])
+    layer.setdefault("head_dim", layer["hidden_size"] // layer["num_attention_heads"])
+    layer.setdefault("hidden_act", "silu")
+    layer.setdefault("attention_bias", False)
+    layer.setdefault("rms_norm_eps", verifier_config.get("rms_norm_eps", 1e-6))
+    layer.setdefault("max_position_embeddings", verifier_config.get("max_position_embeddings", 4096))
+    for key in ("rope_theta", "rope_scaling", "rope_parameters"):
+        if config.get(key) is not None:
+            layer[key] = config[key]
+    layer.update(model_type="llama", num_hidden_layers=int(config.get("num_hidden_layers", 1)), tie_word_embeddings=False)
+    return layer
+
+
+def resolve_flags(source: dict[str, Any], mode: str, where: str) -> dict[str, bool]:
+    """The newer optional flags to write. ``max-compat`` writes them false and refuses a draft whose weights need
+    one (an RMSNorm cannot be folded into the next linear layer); ``keep`` copies the source's values."""
+    flags = {name: bool(source.get(name, False)) for name in NEWER_FLAGS}
+    needed = [name for name, value in flags.items() if value]
+    if mode == "max-compat" and needed:
+        raise ValueError(
+            f"{where}: the draft was trained with {needed}, which only recent vLLM releases read; its weights depend "
+            "on them, so a max-compat form does not exist. Use --flags keep (and a vLLM that supports them)."
+        )
+    return flags
+
+
+def vocab_size_of(config: dict[str, Any], tensors: dict[str, torch.Tensor], verifier: dict[str, Any], where: str) -> int:
+    """The verifier vocabulary: t2d's length, else the config's ``vocab_size``; it must equal the verifier's."""
+    names = {n.removeprefix("model."): t for n, t in tensors.items()}
+    size = int(names["t2d"].numel()) if "t2d" in names else int(config.get("vocab_size") or verifier["vocab_size"])
+    if "vocab_size" in verifier and size != int(verifier["vocab_size"]):
+        raise ValueError(
+            f"{where}: the draft was built for a {size}-token vocabulary but the verifier has {verifier['vocab_size']}; "
+            "is --verifier the model this draft was trained for?"
+        )
+    return size
+
+
+# ---- the layouts -------------------------------------------------------------------------------------------
+def config_from_flat(
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    verifier_config: dict[str, Any],
+    aux_convention: str,
+    flag_mode: str,
+    where: str,
+) -> Eagle3Config:
+    """eagle3-original and SpecForge: flat Llama config → Eagle3Config."""
+    vocab = vocab_size_of(config, tensors, verifier_config, where)
+    layer = layer_from_flat(config, vocab, verifier_config)
+    eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    nested_ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+    top_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if aux_convention == "auto":
+        # SGLang adds 1 to the ids under eagle_config; top-level ids are read by vLLM as they are.
+        aux_convention = "output-of-layer" if nested_ids is not None and top_ids is None else "vllm"
+    ids = shifted_aux_ids(
+        top_ids if top_ids is not None else nested_ids,
+        aux_convention,
+        int(verifier_config["num_hidden_layers"]),
+        where,
+    )
+    flags = resolve_flags({**config, **eagle_config}, flag_mode, where)
+    target_hidden = config.get("target_hidden_size")
+    return Eagle3Config(
+        transformer_layer_config=layer,
+        speculators_config=SpeculatorsConfig(verifier=VerifierRef(name_or_path="", architectures=[])),
+        draft_vocab_size=int(config.get("draft_vocab_size") or vocab),
+        eagle_aux_hidden_state_layer_ids=ids,
+        norm_before_residual=False,
+        target_hidden_size=int(target_hidden) if target_hidden and target_hidden != layer["hidden_size"] else None,
+        **flags,
+    )
+
+
+def config_from_speculators(
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    verifier_config: dict[str, Any],
+    aux_convention: str,
+    flag_mode: str,
+    where: str,
+) -> Eagle3Config:
+    """An older or newer speculators config → today's max-compat (or kept) form, each fix-up warned."""
+    config = copy.deepcopy(config)
+    if "model_type" in config:
+        warn(f"{where}: removed the top-level model_type {config.pop('model_type')!r} (vLLM ignores the format with it)")
+    spec = config.setdefault("speculators_config", {})
+    spec.setdefault("algorithm", "eagle3")
+    methods = spec.get("proposal_methods") or [{"proposal_type": "greedy", "speculative_tokens": 3}]
+    spec["proposal_methods"] = [
+        {k: v for k, v in m.items() if k in ProposalMethod.__dataclass_fields__} for m in methods
+    ]
+    spec.setdefault("default_proposal_method", spec["proposal_methods"][0].get("proposal_type", "greedy"))
+    spec.setdefault("verifier", {})
+    spec["verifier"] = {"name_or_path": spec["verifier"].get("name_or_path") or "", "architectures": []}
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ValueError(f"{where}: speculators config without transformer_layer_config; it cannot be converted")
+    if "model_type" not in layer:
+        names = {n.removeprefix("model.") for n in tensors}
+        layer["model_type"] = "qwen3" if "layers.0.self_attn.q_norm.weight" in names else "llama"
+        warn(
+            f"{where}: transformer_layer_config.model_type was missing (the speculators library would assume qwen3); "
+            f"wrote {layer['model_type']!r}, read from the weights"
+        )
+    if "vocab_size" not in layer:
+        layer["vocab_size"] = vocab_size_of({}, tensors, verifier_config, where)
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    config["eagle_aux_hidden_state_layer_ids"] = shifted_aux_ids(
+        ids, "vllm" if aux_convention == "auto" else aux_convention, int(verifier_config["num_hidden_layers"]), where
+    )
+    for name, value in resolve_flags(config, flag_mode, where).items():
+        config[name] = value
+    config.setdefault("draft_vocab_size", layer["vocab_size"])
+    parsed = Eagle3Config.from_dict(config)
+    if flag_mode == "max-compat":
+        dropped = sorted(parsed.extra)
+        if dropped:
+            warn(f"{where}: max-compat form: dropped config keys outside the format {dropped}")
+        parsed.extra = {}
+    return parsed
+
+
+# ---- the entry point ---------------------------------------------------------------------------------------
+def convert_checkpoint(
+    src: str | Path,
+    out_dir: str | Path,
+    layout: str = "auto",
+    verifier: str | None = None,
+    verifier_name: str | None = None,
+    aux_convention: str = "auto",
+    flags: str = "max-compat",
+    norm_before_residual: bool | None = None,
+    speculative_tokens: int | None = None,
+    dtype: str = "bfloat16",
+    model_card: bool = True,
+) -> ConvertResult:
+    """Convert ``src`` (any of ``LAYOUTS``) to a validated standard checkpoint in ``out_dir`` (atomic).
+
+    ``verifier`` (a local dir, hub id or ``smollm2``) is required for layouts that do not name one; its config
+    decides the vocabulary, the layer count for aux ids and the rope settings, and its embedding fills a missing
+    ``embed_tokens``. ``aux_convention`` says how the SOURCE's aux ids count (``auto``: ids under SGLang's
+    ``eagle_config`` are output-of-layer, every other place vLLM's).
+    """
+    if layout not in ("auto", *LAYOUTS):
+        raise ValueError(f"--from {layout!r}: use auto or one of {LAYOUTS}")
+    if aux_convention not in AUX_CONVENTIONS:
+        raise ValueError(f"--aux-convention {aux_convention!r}: use one of {AUX_CONVENTIONS}")
+    if flags not in FLAG_MODES:
+        raise ValueError(f"--flags {flags!r}: use one of {FLAG_MODES}")
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: use one of {EXPORT_DTYPES}")
+    src = Path(src)
+    where = str(src)
+    source_config, tensors = read_config(src), read_weights(src)
+    detected = detect_layout(source_config, tensors, where)
+    if layout == "auto":
+        layout = detected
+    elif layout != detected:
+        warn(f"{where}: looks like the {detected} layout, converting as --from {layout} as asked")
+    source_verifier = (source_config.get("speculators_config") or {}).get("verifier", {}).get("name_or_path")
+    verifier_ref = verifier or (source_verifier if layout == "speculators" else None)
+    if not verifier_ref:
+        raise ValueError(
+            f"{where}: the {layout} layout does not name its verifier; pass --verifier (a local HF directory, a "
+            "cached hub id, or smollm2)"
+        )
+    verifier_path, verifier_config = load_verifier_config(str(verifier_ref))
+
+    if layout == "speculators":
+        config = config_from_speculators(source_config, tensors, verifier_config, aux_convention, flags, where)
+        if norm_before_residual is None and "norm_before_residual" not in source_config:
+            raise ValueError(
+                f"{where}: norm_before_residual is missing and the consumers disagree on its default (vLLM: true, "
+                "the speculators library: false); pass --norm-before-residual true|false as the draft was trained"
+            )
+    else:
+        config = config_from_flat(source_config, tensors, verifier_config, aux_convention, flags, where)
+    if norm_before_residual is not None:
+        config.norm_before_residual = bool(norm_before_residual)
+    align_rope(config.transformer_layer_config, verifier_config, where)
+    written_name = verifier_name or (verifier_path if verifier else source_verifier) or verifier_path
+    config.speculators_config.verifier = VerifierRef(
+        name_or_path=str(written_name), architectures=list(verifier_config.get("architectures") or [])
+    )
+    if speculative_tokens is not None:
+        methods = config.speculators_config.proposal_methods
+        methods[0] = ProposalMethod(**{**methods[0].__dict__, "speculative_tokens": int(speculative_tokens)})
+    config.torch_dtype = dtype
+    config_dict = config.to_dict()
+    weights = standard_tensors(tensors, config_dict, resolve_dtype(dtype), verifier_dir=verifier_path, where=where)
+    extra = {}
+    if model_card:
+        extra["README.md"] = render_model_card(
+            CardInfo(
+                title=Path(out_dir).name,
+                config=config_dict,
+                verifier_ref=str(verifier_ref),
+                source=f"converted from the {layout} layout (`{src}`)",
+            )
+        )
+    findings = write_validated(out_dir, config_dict, weights, verifier_config, extra)
+    return ConvertResult(out_dir=Path(out_dir), layout=layout, config=config_dict, findings=findings)

@@ -1,0 +1,168 @@
+"""``speculators export RUN_OR_CHECKPOINT OUT_DIR``: a trainer checkpoint → a standard speculators directory.
+
+The trainer writes fp32 drafts (or only DeepSpeed ZeRO shards); what users serve is a bf16 directory whose
+config names the real verifier, carries the recipe's ``speculative_tokens``, and comes with a model card. The
+result is validated against the verifier's config before it is renamed into place (see ``writer``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speculators.export.model_card import CardInfo, find_eval_artifacts, render_model_card, training_summary
+from speculators.export.run_dir import TrainerCheckpoint, locate_checkpoint, recipe_value, step_dirs
+from speculators.export.sources import read_config
+from speculators.export.tensors import detect_prefix, standard_tensors, unprefixed
+from speculators.export.writer import write_validated
+from speculators.format.config import Eagle3Config, ProposalMethod, VerifierRef
+from speculators.format.validate import Finding
+from speculators.verifier import resolve_dtype, resolve_verifier_path
+
+EXPORT_DTYPES = ("bfloat16", "float32", "float16")
+
+
+@dataclass
+class ExportResult:
+    out_dir: Path
+    checkpoint: TrainerCheckpoint
+    config: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)  # warnings only: errors refuse the export
+
+
+def load_verifier_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
+    """``(resolved name_or_path, HF config dict)``; local directories are read as they are stored."""
+    path = resolve_verifier_path(name_or_path)
+    if Path(path, "config.json").is_file():
+        return str(Path(path).resolve()), json.loads(Path(path, "config.json").read_text())
+    from speculators.verifier import verifier_config_dict
+
+    try:
+        return path, verifier_config_dict(path)
+    except OSError as exc:
+        raise FileNotFoundError(
+            f"cannot read the verifier config of {name_or_path!r} ({exc}); pass a local directory with --verifier"
+        ) from exc
+
+
+def export_checkpoint(
+    source: str | Path,
+    out_dir: str | Path,
+    speculative_tokens: int | None = None,
+    dtype: str = "bfloat16",
+    verifier: str | None = None,
+    verifier_name: str | None = None,
+    model_card: bool = True,
+) -> ExportResult:
+    """Export the checkpoint ``source`` means (run dir → best, else latest) to ``out_dir``.
+
+    ``verifier`` overrides the recipe's verifier (used for the cross-checks and ``embed_tokens``);
+    ``verifier_name`` is written as ``verifier.name_or_path`` instead of the resolved local path (e.g. a hub id
+    for publishing). ``speculative_tokens`` overrides the recipe's ``export.speculative_tokens``.
+    """
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: use one of {EXPORT_DTYPES} (bfloat16 is what drafts are published in)")
+    checkpoint = locate_checkpoint(source)
+    draft_config, tensors = read_trainer_weights(checkpoint)
+    verifier_ref = (
+        verifier
+        or recipe_value(checkpoint.recipe, "verifier.name_or_path")
+        or recipe_value(draft_config or {}, "speculators_config.verifier.name_or_path")
+    )
+    if not verifier_ref:
+        raise ValueError(f"{checkpoint.label}: no recipe or draft config names the verifier; pass --verifier")
+    verifier_path, verifier_config = load_verifier_config(str(verifier_ref))
+    if draft_config is None or not draft_config.get("speculators_config"):
+        draft_config = infer_draft_config(tensors, verifier_config, verifier_path, checkpoint.recipe)
+    config = Eagle3Config.from_dict(draft_config)
+    config.speculators_config.verifier = VerifierRef(
+        name_or_path=verifier_name or verifier_path,
+        architectures=list(verifier_config.get("architectures") or config.speculators_config.verifier.architectures),
+    )
+    tokens = speculative_tokens or recipe_value(checkpoint.recipe, "export.speculative_tokens")
+    if tokens is not None:
+        methods = config.speculators_config.proposal_methods
+        methods[0] = ProposalMethod(**{**methods[0].__dict__, "speculative_tokens": int(tokens)})
+    config.torch_dtype = dtype
+    config_dict = config.to_dict()
+    weights = standard_tensors(
+        tensors, config_dict, resolve_dtype(dtype), verifier_dir=verifier_path, where=checkpoint.label
+    )
+    extra: dict[str, str | bytes | Path] = {}
+    if model_card:
+        evals = find_eval_artifacts(checkpoint.run_dir)
+        card = CardInfo(
+            title=Path(out_dir).name,
+            config=config_dict,
+            verifier_ref=str(verifier_ref),
+            source=describe_source(checkpoint),
+            recipe=checkpoint.recipe,
+            training=training_summary(checkpoint.run_dir, checkpoint.trainer_state, checkpoint.best),
+            evals=evals,
+        )
+        extra["README.md"] = render_model_card(card)
+        extra.update(evals.plots)
+    findings = write_validated(out_dir, config_dict, weights, verifier_config, extra)
+    return ExportResult(out_dir=Path(out_dir), checkpoint=checkpoint, config=config_dict, findings=findings)
+
+
+def read_trainer_weights(checkpoint: TrainerCheckpoint) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
+    """``(draft config or None, tensors)``: the trainer's draft/ directory when present, else the gathered ZeRO
+    shards with the config of a sibling checkpoint (same run, same architecture) when one exists."""
+    if checkpoint.draft_dir is not None:
+        from speculators.export.sources import read_weights
+
+        return read_config(checkpoint.draft_dir), read_weights(checkpoint.draft_dir)
+    if checkpoint.state_dir is None:
+        raise FileNotFoundError(f"{checkpoint.label} has neither draft/ nor state/; nothing to export")
+    from speculators.export.zero import gather_zero_state
+
+    tensors = unprefixed(gather_zero_state(checkpoint.state_dir), f"{checkpoint.state_dir} (ZeRO)")
+    sibling = _sibling_draft_config(checkpoint)
+    return sibling, tensors
+
+
+def _sibling_draft_config(checkpoint: TrainerCheckpoint) -> dict[str, Any] | None:
+    if checkpoint.run_dir is None:
+        return None
+    for step in reversed(step_dirs(checkpoint.run_dir)):
+        if (step / "draft" / "config.json").is_file():
+            return read_config(step / "draft")
+    return None
+
+
+def infer_draft_config(
+    tensors: dict[str, torch.Tensor], verifier_config: dict[str, Any], verifier_path: str, recipe: dict[str, Any]
+) -> dict[str, Any]:
+    """A draft config rebuilt from the verifier, the recipe and the tensor shapes, for ZeRO shards saved without
+    any draft config: draft vocab from ``lm_head``, layer count from ``layers.N``, optional norms from their
+    weights, aux ids and ``norm_before_residual`` from the recipe (defaults: vLLM's ids, True)."""
+    names = unprefixed(tensors, "ZeRO state") if detect_prefix(list(tensors)) else tensors
+    layers = {int(n.split(".")[1]) for n in names if n.startswith("layers.")}
+    config = Eagle3Config.from_verifier(
+        verifier_config,
+        verifier_path,
+        draft_vocab_size=int(names["lm_head.weight"].shape[0]),
+        aux_layer_ids=recipe_value(recipe, "verifier.aux_layer_ids"),
+        num_layers=max(layers) + 1 if layers else 1,
+        layer_type="qwen3" if "layers.0.self_attn.q_norm.weight" in names else "llama",
+        norm_before_residual=bool(recipe_value(recipe, "model.norm_before_residual", True)),
+    )
+    config.norm_before_fc = "input_norm.weight" in names
+    config.fc_norm = "fc_norm.0.weight" in names
+    config.norm_output = bool(recipe_value(recipe, "model.norm_output", False))
+    return config.to_dict()
+
+
+def describe_source(checkpoint: TrainerCheckpoint) -> str:
+    if checkpoint.step_dir is None:
+        return f"re-exported from `{checkpoint.draft_dir}`"
+    how = {"best": "the best checkpoint by acceptance length", "latest": "the latest checkpoint"}.get(
+        checkpoint.selected_by, "the given checkpoint"
+    )
+    kind = "draft weights" if checkpoint.draft_dir is not None else "gathered DeepSpeed ZeRO shards"
+    return f"step {checkpoint.step} ({how}), {kind}"

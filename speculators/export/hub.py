@@ -1,0 +1,70 @@
+"""``speculators push OUT_DIR REPO_ID``: publish a validated checkpoint directory to the Hugging Face Hub.
+
+The upload goes through ``huggingface_hub.HfApi`` (token from ``HF_TOKEN`` unless given). ``api`` can be any
+object with the same three methods; tests pass a recorder, production code never does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from speculators.format.validate import errors, validate_checkpoint
+
+
+@dataclass
+class PushResult:
+    repo_id: str
+    revision: str | None
+    commit: Any  # what HfApi.upload_folder returned (a CommitInfo with .commit_url / .oid)
+
+
+def default_commit_message(directory: Path) -> str:
+    config = json.loads((directory / "config.json").read_text())
+    verifier = config.get("speculators_config", {}).get("verifier", {}).get("name_or_path", "?")
+    return f"Upload EAGLE-3 draft for {verifier} (speculators format)"
+
+
+def push_checkpoint(
+    directory: str | Path,
+    repo_id: str,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    token: str | None = None,
+    allow_local_verifier: bool = False,
+    api: Any = None,
+) -> PushResult:
+    """Validate ``directory`` and upload it to ``repo_id`` (created if absent; ``revision`` a branch, created from
+    main if absent). Refuses an invalid checkpoint, and by default one whose verifier is a local path (nobody who
+    downloads it could `vllm serve` it: re-export with ``--verifier-name <hub id>``)."""
+    directory = Path(directory)
+    findings = validate_checkpoint(directory)
+    if errors(findings):
+        lines = "\n  ".join(str(f) for f in errors(findings))
+        raise ValueError(f"refusing to push {directory}: it is not a valid speculators checkpoint:\n  {lines}")
+    verifier = json.loads((directory / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    if not allow_local_verifier and (Path(verifier).is_absolute() or Path(verifier).exists()):
+        raise ValueError(
+            f"refusing to push {directory}: verifier.name_or_path is the local path {verifier!r}, which nobody else "
+            "can resolve; re-export with --verifier-name <hub id of the verifier> (or pass --allow-local-verifier)"
+        )
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token or os.environ.get("HF_TOKEN"))
+    api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+    if revision:
+        api.create_branch(repo_id=repo_id, branch=revision, repo_type="model", exist_ok=True)
+    commit = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(directory),
+        repo_type="model",
+        revision=revision,
+        commit_message=commit_message or default_commit_message(directory),
+        ignore_patterns=[".*"],
+    )
+    return PushResult(repo_id=repo_id, revision=revision, commit=commit)

@@ -1,0 +1,261 @@
+"""The ``README.md`` model card of an exported draft: what it drafts for, how it was trained, how well it does, and
+the two ways to serve it with vLLM. Everything shown is read from the run directory; sections without data are
+left out rather than filled with placeholders.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EVAL_WORDS = ("eval", "acceptance", "bench")
+SKIPPED_RUN_SUBDIRS = ("checkpoints", "hydra", "wandb", ".hydra")
+TIME_KEYS = ("train_seconds", "elapsed_seconds", "training_seconds", "train_runtime", "wall_seconds", "elapsed")
+
+
+@dataclass
+class EvalArtifacts:
+    """Evaluation results found in a run directory: JSON files rendered as tables, PNG plots copied alongside."""
+
+    tables: list[tuple[str, str]] = field(default_factory=list)  # (title, markdown table)
+    plots: dict[str, Path] = field(default_factory=dict)  # file name in the export -> source file
+
+
+@dataclass
+class CardInfo:
+    title: str
+    config: dict[str, Any]
+    verifier_ref: str  # what the user named (e.g. "smollm2"); config holds the resolved name_or_path
+    source: str  # one line: where the weights came from
+    recipe: dict[str, Any] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)
+    evals: EvalArtifacts = field(default_factory=EvalArtifacts)
+
+
+# ---- gathering ---------------------------------------------------------------------------------------------
+def read_metrics(run_dir: Path | None) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` (malformed lines, e.g. one cut by a crash, are skipped)."""
+    path = (run_dir / "metrics.jsonl") if run_dir else None
+    if path is None or not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def training_summary(run_dir: Path | None, trainer_state: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
+    """Steps, training time, last losses and the best acceptance length, from whatever the run recorded."""
+    records = read_metrics(run_dir)
+    summary: dict[str, Any] = {}
+    seconds = _first_number(trainer_state, TIME_KEYS)
+    if seconds is None and records:
+        seconds = _first_number(records[-1], TIME_KEYS)
+        stamps = [r["timestamp"] for r in records if isinstance(r.get("timestamp"), (int, float))]
+        if seconds is None and len(stamps) > 1:
+            seconds = max(stamps) - min(stamps)
+    if seconds is not None:
+        summary["training time"] = format_duration(seconds)
+    steps = [r.get("step") for r in records if isinstance(r.get("step"), int)]
+    if steps:
+        summary["steps logged"] = f"{len(records)} records, last step {max(steps)}"
+    last_losses = {}
+    for record in records:
+        last_losses.update({k: v for k, v in record.items() if "loss" in k and isinstance(v, (int, float))})
+    summary.update({f"last {k}": _fmt(v) for k, v in sorted(last_losses.items())})
+    accept = [r for r in records if any("accept" in k for k in r)]
+    if best.get("acceptance_length") is not None:
+        summary["best acceptance length"] = f"{_fmt(best['acceptance_length'])} (step {best.get('step', '?')})"
+    elif accept:
+        key = next(k for k in accept[-1] if "accept" in k)
+        summary[f"last {key}"] = _fmt(accept[-1][key])
+    for key in ("epoch", "samples_seen", "tokens_seen"):
+        if isinstance(trainer_state.get(key), (int, float)):
+            summary[key] = _fmt(trainer_state[key])
+    return summary
+
+
+def find_eval_artifacts(run_dir: Path | None) -> EvalArtifacts:
+    """JSON results and PNG plots whose names mention eval/acceptance/bench, outside checkpoints/ and hydra/."""
+    found = EvalArtifacts()
+    if run_dir is None or not run_dir.is_dir():
+        return found
+    for path in sorted(run_dir.rglob("*")):
+        rel = path.relative_to(run_dir)
+        if rel.parts[0] in SKIPPED_RUN_SUBDIRS or len(rel.parts) > 4 or not path.is_file():
+            continue
+        if not any(word in str(rel).lower() for word in EVAL_WORDS):
+            continue
+        if path.suffix == ".json":
+            try:
+                table = json_table(json.loads(path.read_text()))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if table:
+                found.tables.append((str(rel), table))
+        elif path.suffix == ".png":
+            found.plots["_".join(rel.parts)] = path
+    return found
+
+
+# ---- rendering ---------------------------------------------------------------------------------------------
+def json_table(data: Any) -> str:
+    """A markdown table for the common result shapes: a list of row dicts, ``{"results"|"rows": [...]}``, a dict of
+    per-dataset dicts, or a flat dict of metrics. Anything else gives ``""``."""
+    if isinstance(data, dict):
+        for key in ("results", "rows", "datasets", "summary"):
+            if isinstance(data.get(key), (list, dict)):
+                nested = json_table(data[key])
+                if nested:
+                    return nested
+        if data and all(isinstance(v, dict) for v in data.values()):
+            rows = [{"name": k, **{kk: vv for kk, vv in v.items() if _scalar(vv)}} for k, v in data.items()]
+            return markdown_table(rows)
+        scalars = {k: v for k, v in data.items() if _scalar(v)}
+        return markdown_table([{"metric": k, "value": v} for k, v in scalars.items()]) if scalars else ""
+    if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
+        return markdown_table([{k: v for k, v in r.items() if _scalar(v)} for r in data])
+    return ""
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    if not columns:
+        return ""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_model_card(info: CardInfo) -> str:
+    config = info.config
+    spec = config["speculators_config"]
+    verifier = spec["verifier"]["name_or_path"]
+    k = spec["proposal_methods"][0]["speculative_tokens"]
+    layer = config["transformer_layer_config"]
+    parts = [
+        f"# {info.title}",
+        "",
+        f"An EAGLE-3 speculative-decoding draft for `{info.verifier_ref}`, in the standard `speculators` checkpoint "
+        "format: vLLM serves it as it is. The draft proposes tokens; the verifier checks them, so the output is "
+        "exactly the verifier's.",
+        "",
+        "## Model",
+        "",
+        markdown_table(
+            [
+                {"": "verifier", "value": f"`{verifier}`"},
+                {"": "verifier architectures", "value": ", ".join(spec["verifier"]["architectures"])},
+                {"": "draft", "value": f"{layer.get('num_hidden_layers', 1)} {layer['model_type']} decoder layer(s), "
+                 f"hidden {layer['hidden_size']}"},
+                {"": "vocabulary", "value": f"{config['draft_vocab_size']} draft tokens of {layer['vocab_size']}"},
+                {"": "aux hidden-state layers", "value": f"{config.get('eagle_aux_hidden_state_layer_ids')} "
+                 "(vLLM convention: the residual stream entering layer k)"},
+                {"": "speculative tokens", "value": k},
+                {"": "norm_before_residual", "value": config.get("norm_before_residual")},
+                {"": "weights", "value": config.get("torch_dtype")},
+                {"": "source", "value": info.source},
+            ]
+        ),
+        "",
+        serving_section(verifier, k),
+    ]
+    if info.training or info.recipe:
+        parts += ["", training_section(info)]
+    if info.evals.tables or info.evals.plots:
+        parts += ["", evaluation_section(info.evals)]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def serving_section(verifier: str, k: int) -> str:
+    spec_config = json.dumps({"method": "eagle3", "model": "<this directory or repo id>", "num_speculative_tokens": k})
+    local_note = (
+        f"\n`speculators_config.verifier.name_or_path` is the local directory `{verifier}`: on another machine, "
+        "point it at your copy of the verifier (or a hub id) before `vllm serve <draft>`.\n"
+        if verifier.startswith("/")
+        else ""
+    )
+    return f"""## Serving with vLLM
+
+The draft names its verifier, so vLLM can start from the draft alone (model and tokenizer come from the verifier):
+
+```bash
+vllm serve <this directory or repo id>
+```
+
+Or serve the verifier and attach the draft explicitly:
+
+```bash
+vllm serve {verifier} \\
+  --speculative-config '{spec_config}'
+```
+
+In Python, `LLM(model="<draft>")` or
+`LLM(model="{verifier}", speculative_config={{"method": "eagle3", "model": "<draft>", "num_speculative_tokens": {k}}})`;
+`llm.get_metrics()` reports `vllm:spec_decode_num_accepted_tokens` and `vllm:spec_decode_num_drafts`
+(mean acceptance length = 1 + accepted / drafts).
+{local_note}"""
+
+
+def training_section(info: CardInfo) -> str:
+    recipe = info.recipe
+    rows = []
+    if recipe.get("recipe_name"):
+        rows.append({"": "recipe", "value": f"`{recipe['recipe_name']}`"})
+    if isinstance(recipe.get("data"), dict):
+        data = recipe["data"]
+        name = data.get("name") or data.get("source") or data.get("path") or data.get("dataset")
+        rows.append({"": "data", "value": f"`{name}`" if name else "see the recipe below"})
+    rows += [{"": key, "value": value} for key, value in info.training.items()]
+    text = ["## Training", "", markdown_table(rows) if rows else ""]
+    if recipe:
+        import yaml
+
+        dumped = yaml.safe_dump(recipe, sort_keys=False, default_flow_style=False).strip()
+        text += ["", "<details><summary>Resolved recipe</summary>", "", "```yaml", dumped, "```", "", "</details>"]
+    return "\n".join(text)
+
+
+def evaluation_section(evals: EvalArtifacts) -> str:
+    text = ["## Evaluation"]
+    for title, table in evals.tables:
+        text += ["", f"From `{title}`:", "", table]
+    for name in evals.plots:
+        text += ["", f"![{name}]({name})"]
+    return "\n".join(text)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _first_number(record: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    for key in keys:
+        if isinstance(record.get(key), (int, float)) and not isinstance(record.get(key), bool):
+            return float(record[key])
+    return None
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool)) or value is None
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value).replace("|", "\\|")
