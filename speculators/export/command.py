@@ -28,10 +28,13 @@ def _bool(text: str) -> bool:
 
 
 def _common_output(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--speculative-tokens", type=int, help="proposal length written to the config (vLLM's k)")
+    parser.add_argument(
+        "--speculative-tokens", type=int, help="proposal length written to the config (vLLM's k)"
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
     parser.add_argument(
-        "--verifier", help="verifier HF dir / hub id / smollm2 (checks, embed_tokens; written unless --verifier-name)"
+        "--verifier",
+        help="verifier HF dir / hub id / smollm2 (checks, embed_tokens; written unless --verifier-name)",
     )
     parser.add_argument("--verifier-name", help="write this verifier name_or_path instead (e.g. the hub id)")
     parser.add_argument("--no-model-card", action="store_true", help="do not write README.md")
@@ -43,7 +46,9 @@ def _add_export(subparsers: argparse._SubParsersAction) -> None:
         help="trainer run/checkpoint -> standard speculators dir (validated, bf16, model card)",
         description="A run directory means its best checkpoint (checkpoints/best.json), else the latest one.",
     )
-    parser.add_argument("source", help="run directory, checkpoints/step-<N> directory, or a speculators checkpoint")
+    parser.add_argument(
+        "source", help="run directory, checkpoints/step-<N> directory, or a speculators checkpoint"
+    )
     parser.add_argument("out_dir")
     _common_output(parser)
     parser.set_defaults(func=run_export)
@@ -74,21 +79,28 @@ def _add_convert(subparsers: argparse._SubParsersAction) -> None:
         help="max-compat (default): norm_before_fc/fc_norm/norm_output written false, refusing drafts that need "
         "them; keep: copy them",
     )
-    parser.add_argument("--norm-before-residual", type=_bool, help="override (true|false); needed when a "
-                        "speculators-format source omits it")
+    parser.add_argument(
+        "--norm-before-residual",
+        type=_bool,
+        help="override (true|false); needed when a speculators-format source omits it",
+    )
     _common_output(parser)
     parser.set_defaults(func=run_convert)
 
 
 def _add_push(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("push", help="validate a checkpoint dir and upload it to the Hugging Face Hub")
+    parser = subparsers.add_parser(
+        "push", help="validate a checkpoint dir and upload it to the Hugging Face Hub"
+    )
     parser.add_argument("directory")
     parser.add_argument("repo_id")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--revision", help="branch to push to (created if absent)")
     parser.add_argument("--commit-message")
     parser.add_argument(
-        "--allow-local-verifier", action="store_true", help="push even though verifier.name_or_path is a local path"
+        "--allow-local-verifier",
+        action="store_true",
+        help="push even though verifier.name_or_path is a local path",
     )
     parser.set_defaults(func=run_push)
 
@@ -169,5 +181,9 @@ def run_push(args: argparse.Namespace) -> int:
     )
     if result is not None:
         url = getattr(result.commit, "commit_url", None) or result.commit
-        print(f"pushed {args.directory} -> {args.repo_id}" + (f"@{args.revision}" if args.revision else "") + f": {url}")
+        print(
+            f"pushed {args.directory} -> {args.repo_id}"
+            + (f"@{args.revision}" if args.revision else "")
+            + f": {url}"
+        )
     return status

@@ -97,7 +97,9 @@ def detect_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor], wher
     if isinstance(config.get("speculators_config"), dict) or "speculators_model_type" in config:
         return "speculators"
     architectures = config.get("architectures") or []
-    if any(a in SPECFORGE_ARCHITECTURES for a in architectures) or isinstance(config.get("eagle_config"), dict):
+    if any(a in SPECFORGE_ARCHITECTURES for a in architectures) or isinstance(
+        config.get("eagle_config"), dict
+    ):
         return "specforge"
     names = {n.removeprefix("model.") for n in tensors}
     if "draft_vocab_size" in config or any(n.startswith("midlayer.") for n in names):
@@ -156,7 +158,8 @@ def align_rope(layer: dict[str, Any], verifier_config: dict[str, Any], where: st
     if "rope_parameters" in layer and source["rope_theta"] is None:
         source = rope_settings({"rope_parameters": layer["rope_parameters"]})
     if source["rope_theta"] is not None and (
-        float(source["rope_theta"]) != float(wanted["rope_theta"]) or source["rope_scaling"] != wanted["rope_scaling"]
+        float(source["rope_theta"]) != float(wanted["rope_theta"])
+        or source["rope_scaling"] != wanted["rope_scaling"]
     ):
         warn(
             f"{where}: rope settings {source} differ from the verifier's {wanted}; wrote the verifier's "
@@ -169,7 +172,9 @@ def align_rope(layer: dict[str, Any], verifier_config: dict[str, Any], where: st
         layer["max_position_embeddings"] = int(verifier_positions)
 
 
-def layer_from_flat(config: dict[str, Any], vocab_size: int, verifier_config: dict[str, Any]) -> dict[str, Any]:
+def layer_from_flat(
+    config: dict[str, Any], vocab_size: int, verifier_config: dict[str, Any]
+) -> dict[str, Any]:
     """``transformer_layer_config`` from a flat Llama draft config (eagle3-original / SpecForge layouts)."""
     layer = {k: config[k] for k in FLAT_LAYER_KEYS if config.get(k) is not None}
     missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in layer]
@@ -185,7 +190,11 @@ def layer_from_flat(config: dict[str, Any], vocab_size: int, verifier_config: di
     for key in ("rope_theta", "rope_scaling", "rope_parameters"):
         if config.get(key) is not None:
             layer[key] = config[key]
-    layer.update(model_type="llama", num_hidden_layers=int(config.get("num_hidden_layers", 1)), tie_word_embeddings=False)
+    layer.update(
+        model_type="llama",
+        num_hidden_layers=int(config.get("num_hidden_layers", 1)),
+        tie_word_embeddings=False,
+    )
     return layer
 
 
@@ -202,10 +211,16 @@ def resolve_flags(source: dict[str, Any], mode: str, where: str) -> dict[str, bo
     return flags
 
 
-def vocab_size_of(config: dict[str, Any], tensors: dict[str, torch.Tensor], verifier: dict[str, Any], where: str) -> int:
+def vocab_size_of(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], verifier: dict[str, Any], where: str
+) -> int:
     """The verifier vocabulary: t2d's length, else the config's ``vocab_size``; it must equal the verifier's."""
     names = {n.removeprefix("model."): t for n, t in tensors.items()}
-    size = int(names["t2d"].numel()) if "t2d" in names else int(config.get("vocab_size") or verifier["vocab_size"])
+    size = (
+        int(names["t2d"].numel())
+        if "t2d" in names
+        else int(config.get("vocab_size") or verifier["vocab_size"])
+    )
     if "vocab_size" in verifier and size != int(verifier["vocab_size"]):
         raise ValueError(
             f"{where}: the draft was built for a {size}-token vocabulary but the verifier has {verifier['vocab_size']}; "
@@ -246,7 +261,9 @@ def config_from_flat(
         draft_vocab_size=int(config.get("draft_vocab_size") or vocab),
         eagle_aux_hidden_state_layer_ids=ids,
         norm_before_residual=False,
-        target_hidden_size=int(target_hidden) if target_hidden and target_hidden != layer["hidden_size"] else None,
+        target_hidden_size=int(target_hidden)
+        if target_hidden and target_hidden != layer["hidden_size"]
+        else None,
         **flags,
     )
 
@@ -262,7 +279,9 @@ def config_from_speculators(
     """An older or newer speculators config → today's max-compat (or kept) form, each fix-up warned."""
     config = copy.deepcopy(config)
     if "model_type" in config:
-        warn(f"{where}: removed the top-level model_type {config.pop('model_type')!r} (vLLM ignores the format with it)")
+        warn(
+            f"{where}: removed the top-level model_type {config.pop('model_type')!r} (vLLM ignores the format with it)"
+        )
     spec = config.setdefault("speculators_config", {})
     spec.setdefault("algorithm", "eagle3")
     methods = spec.get("proposal_methods") or [{"proposal_type": "greedy", "speculative_tokens": 3}]
@@ -274,7 +293,9 @@ def config_from_speculators(
     spec["verifier"] = {"name_or_path": spec["verifier"].get("name_or_path") or "", "architectures": []}
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
-        raise ValueError(f"{where}: speculators config without transformer_layer_config; it cannot be converted")
+        raise ValueError(
+            f"{where}: speculators config without transformer_layer_config; it cannot be converted"
+        )
     if "model_type" not in layer:
         names = {n.removeprefix("model.") for n in tensors}
         layer["model_type"] = "qwen3" if "layers.0.self_attn.q_norm.weight" in names else "llama"
@@ -286,7 +307,10 @@ def config_from_speculators(
         layer["vocab_size"] = vocab_size_of({}, tensors, verifier_config, where)
     ids = config.get("eagle_aux_hidden_state_layer_ids")
     config["eagle_aux_hidden_state_layer_ids"] = shifted_aux_ids(
-        ids, "vllm" if aux_convention == "auto" else aux_convention, int(verifier_config["num_hidden_layers"]), where
+        ids,
+        "vllm" if aux_convention == "auto" else aux_convention,
+        int(verifier_config["num_hidden_layers"]),
+        where,
     )
     for name, value in resolve_flags(config, flag_mode, where).items():
         config[name] = value
@@ -347,7 +371,9 @@ def convert_checkpoint(
     verifier_path, verifier_config = load_verifier_config(str(verifier_ref))
 
     if layout == "speculators":
-        config = config_from_speculators(source_config, tensors, verifier_config, aux_convention, flags, where)
+        config = config_from_speculators(
+            source_config, tensors, verifier_config, aux_convention, flags, where
+        )
         if norm_before_residual is None and "norm_before_residual" not in source_config:
             raise ValueError(
                 f"{where}: norm_before_residual is missing and the consumers disagree on its default (vLLM: true, "
@@ -367,7 +393,9 @@ def convert_checkpoint(
         methods[0] = ProposalMethod(**{**methods[0].__dict__, "speculative_tokens": int(speculative_tokens)})
     config.torch_dtype = dtype
     config_dict = config.to_dict()
-    weights = standard_tensors(tensors, config_dict, resolve_dtype(dtype), verifier_dir=verifier_path, where=where)
+    weights = standard_tensors(
+        tensors, config_dict, resolve_dtype(dtype), verifier_dir=verifier_path, where=where
+    )
     extra = {}
     if model_card:
         extra["README.md"] = render_model_card(

@@ -65,7 +65,9 @@ def export_checkpoint(
     for publishing). ``speculative_tokens`` overrides the recipe's ``export.speculative_tokens``.
     """
     if dtype not in EXPORT_DTYPES:
-        raise ValueError(f"dtype {dtype!r}: use one of {EXPORT_DTYPES} (bfloat16 is what drafts are published in)")
+        raise ValueError(
+            f"dtype {dtype!r}: use one of {EXPORT_DTYPES} (bfloat16 is what drafts are published in)"
+        )
     checkpoint = locate_checkpoint(source)
     draft_config, tensors = read_trainer_weights(checkpoint)
     verifier_ref = (
@@ -81,7 +83,9 @@ def export_checkpoint(
     config = Eagle3Config.from_dict(draft_config)
     config.speculators_config.verifier = VerifierRef(
         name_or_path=verifier_name or verifier_path,
-        architectures=list(verifier_config.get("architectures") or config.speculators_config.verifier.architectures),
+        architectures=list(
+            verifier_config.get("architectures") or config.speculators_config.verifier.architectures
+        ),
     )
     tokens = speculative_tokens or recipe_value(checkpoint.recipe, "export.speculative_tokens")
     if tokens is not None:
@@ -110,7 +114,9 @@ def export_checkpoint(
     return ExportResult(out_dir=Path(out_dir), checkpoint=checkpoint, config=config_dict, findings=findings)
 
 
-def read_trainer_weights(checkpoint: TrainerCheckpoint) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
+def read_trainer_weights(
+    checkpoint: TrainerCheckpoint,
+) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
     """``(draft config or None, tensors)``: the trainer's draft/ directory when present, else the gathered ZeRO
     shards with the config of a sibling checkpoint (same run, same architecture) when one exists."""
     if checkpoint.draft_dir is not None:
@@ -136,7 +142,10 @@ def _sibling_draft_config(checkpoint: TrainerCheckpoint) -> dict[str, Any] | Non
 
 
 def infer_draft_config(
-    tensors: dict[str, torch.Tensor], verifier_config: dict[str, Any], verifier_path: str, recipe: dict[str, Any]
+    tensors: dict[str, torch.Tensor],
+    verifier_config: dict[str, Any],
+    verifier_path: str,
+    recipe: dict[str, Any],
 ) -> dict[str, Any]:
     """A draft config rebuilt from the verifier, the recipe and the tensor shapes, for ZeRO shards saved without
     any draft config: draft vocab from ``lm_head``, layer count from ``layers.N``, optional norms from their

@@ -45,8 +45,12 @@ def push_checkpoint(
     findings = validate_checkpoint(directory)
     if errors(findings):
         lines = "\n  ".join(str(f) for f in errors(findings))
-        raise ValueError(f"refusing to push {directory}: it is not a valid speculators checkpoint:\n  {lines}")
-    verifier = json.loads((directory / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+        raise ValueError(
+            f"refusing to push {directory}: it is not a valid speculators checkpoint:\n  {lines}"
+        )
+    verifier = json.loads((directory / "config.json").read_text())["speculators_config"]["verifier"][
+        "name_or_path"
+    ]
     if not allow_local_verifier and (Path(verifier).is_absolute() or Path(verifier).exists()):
         raise ValueError(
             f"refusing to push {directory}: verifier.name_or_path is the local path {verifier!r}, which nobody else "

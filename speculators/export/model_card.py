@@ -13,7 +13,14 @@ from typing import Any
 
 EVAL_WORDS = ("eval", "acceptance", "bench")
 SKIPPED_RUN_SUBDIRS = ("checkpoints", "hydra", "wandb", ".hydra")
-TIME_KEYS = ("train_seconds", "elapsed_seconds", "training_seconds", "train_runtime", "wall_seconds", "elapsed")
+TIME_KEYS = (
+    "train_seconds",
+    "elapsed_seconds",
+    "training_seconds",
+    "train_runtime",
+    "wall_seconds",
+    "elapsed",
+)
 
 
 @dataclass
@@ -52,7 +59,9 @@ def read_metrics(run_dir: Path | None) -> list[dict[str, Any]]:
     return records
 
 
-def training_summary(run_dir: Path | None, trainer_state: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
+def training_summary(
+    run_dir: Path | None, trainer_state: dict[str, Any], best: dict[str, Any]
+) -> dict[str, Any]:
     """Steps, training time, last losses and the best acceptance length, from whatever the run recorded."""
     records = read_metrics(run_dir)
     summary: dict[str, Any] = {}
@@ -73,7 +82,9 @@ def training_summary(run_dir: Path | None, trainer_state: dict[str, Any], best: 
     summary.update({f"last {k}": _fmt(v) for k, v in sorted(last_losses.items())})
     accept = [r for r in records if any("accept" in k for k in r)]
     if best.get("acceptance_length") is not None:
-        summary["best acceptance length"] = f"{_fmt(best['acceptance_length'])} (step {best.get('step', '?')})"
+        summary["best acceptance length"] = (
+            f"{_fmt(best['acceptance_length'])} (step {best.get('step', '?')})"
+        )
     elif accept:
         key = next(k for k in accept[-1] if "accept" in k)
         summary[f"last {key}"] = _fmt(accept[-1][key])
@@ -156,11 +167,20 @@ def render_model_card(info: CardInfo) -> str:
             [
                 {"": "verifier", "value": f"`{verifier}`"},
                 {"": "verifier architectures", "value": ", ".join(spec["verifier"]["architectures"])},
-                {"": "draft", "value": f"{layer.get('num_hidden_layers', 1)} {layer['model_type']} decoder layer(s), "
-                 f"hidden {layer['hidden_size']}"},
-                {"": "vocabulary", "value": f"{config['draft_vocab_size']} draft tokens of {layer['vocab_size']}"},
-                {"": "aux hidden-state layers", "value": f"{config.get('eagle_aux_hidden_state_layer_ids')} "
-                 "(vLLM convention: the residual stream entering layer k)"},
+                {
+                    "": "draft",
+                    "value": f"{layer.get('num_hidden_layers', 1)} {layer['model_type']} decoder layer(s), "
+                    f"hidden {layer['hidden_size']}",
+                },
+                {
+                    "": "vocabulary",
+                    "value": f"{config['draft_vocab_size']} draft tokens of {layer['vocab_size']}",
+                },
+                {
+                    "": "aux hidden-state layers",
+                    "value": f"{config.get('eagle_aux_hidden_state_layer_ids')} "
+                    "(vLLM convention: the residual stream entering layer k)",
+                },
                 {"": "speculative tokens", "value": k},
                 {"": "norm_before_residual", "value": config.get("norm_before_residual")},
                 {"": "weights", "value": config.get("torch_dtype")},
@@ -178,7 +198,9 @@ def render_model_card(info: CardInfo) -> str:
 
 
 def serving_section(verifier: str, k: int) -> str:
-    spec_config = json.dumps({"method": "eagle3", "model": "<this directory or repo id>", "num_speculative_tokens": k})
+    spec_config = json.dumps(
+        {"method": "eagle3", "model": "<this directory or repo id>", "num_speculative_tokens": k}
+    )
     local_note = (
         f"\n`speculators_config.verifier.name_or_path` is the local directory `{verifier}`: on another machine, "
         "point it at your copy of the verifier (or a hub id) before `vllm serve <draft>`.\n"
@@ -222,7 +244,16 @@ def training_section(info: CardInfo) -> str:
         import yaml
 
         dumped = yaml.safe_dump(recipe, sort_keys=False, default_flow_style=False).strip()
-        text += ["", "<details><summary>Resolved recipe</summary>", "", "```yaml", dumped, "```", "", "</details>"]
+        text += [
+            "",
+            "<details><summary>Resolved recipe</summary>",
+            "",
+            "```yaml",
+            dumped,
+            "```",
+            "",
+            "</details>",
+        ]
     return "\n".join(text)
 
 

@@ -51,7 +51,9 @@ def step_dirs(run_dir: Path) -> list[Path]:
     """Complete ``step-<N>`` checkpoints of a run, oldest first (a step without draft/ or state/ is unfinished)."""
     root = run_dir / "checkpoints"
     found = [p for p in root.iterdir() if p.is_dir() and STEP_PATTERN.match(p.name)] if root.is_dir() else []
-    return sorted((p for p in found if is_step_dir(p)), key=lambda p: int(STEP_PATTERN.match(p.name).group(1)))
+    return sorted(
+        (p for p in found if is_step_dir(p)), key=lambda p: int(STEP_PATTERN.match(p.name).group(1))
+    )
 
 
 def read_best(run_dir: Path) -> tuple[Path | None, dict[str, Any]]:
@@ -63,7 +65,9 @@ def read_best(run_dir: Path) -> tuple[Path | None, dict[str, Any]]:
     try:
         best = json.loads(best_file.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{best_file} is not valid JSON ({exc}); fix it or delete it to export the latest") from exc
+        raise ValueError(
+            f"{best_file} is not valid JSON ({exc}); fix it or delete it to export the latest"
+        ) from exc
     candidates = []
     if best.get("path"):
         path = Path(best["path"])
@@ -117,7 +121,9 @@ def _from_run(run_dir: Path) -> TrainerCheckpoint:
         return _from_step(best_dir, run_dir, "best", best)
     steps = step_dirs(run_dir)
     if not steps:
-        raise FileNotFoundError(f"{run_dir}/checkpoints has no complete step-<N> checkpoint (with draft/ or state/)")
+        raise FileNotFoundError(
+            f"{run_dir}/checkpoints has no complete step-<N> checkpoint (with draft/ or state/)"
+        )
     return _from_step(steps[-1], run_dir, "latest", best)
 
 

@@ -39,7 +39,9 @@ def detect_prefix(names: list[str]) -> str:
     if not heads:
         raise ValueError("no lm_head.weight among the tensors: this is not an EAGLE-3 draft state dict")
     if len(set(heads)) > 1:
-        raise ValueError(f"several lm_head.weight tensors ({sorted(heads)}): cannot tell which one is the draft")
+        raise ValueError(
+            f"several lm_head.weight tensors ({sorted(heads)}): cannot tell which one is the draft"
+        )
     return heads[0]
 
 
@@ -61,15 +63,15 @@ def unprefixed(tensors: dict[str, torch.Tensor], where: str) -> dict[str, torch.
             continue
         out[name] = tensor
     if prefix:
-        warn(f"{where}: stripped the prefix {prefix!r} from the draft's tensor names (the standard is unprefixed)")
+        warn(
+            f"{where}: stripped the prefix {prefix!r} from the draft's tensor names (the standard is unprefixed)"
+        )
     if foreign:
         warn(f"{where}: left out {len(foreign)} tensors outside the draft (e.g. {foreign[0]!r})")
     return out
 
 
-def vocab_offsets(
-    d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int, where: str
-) -> torch.Tensor:
+def vocab_offsets(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int, where: str) -> torch.Tensor:
     """``d2t`` as offsets (``target = draft_id + d2t[draft_id]``), converting a table of target ids with a warning.
 
     ``t2d`` decides when both readings are possible; without it a strictly increasing table with every entry at or
@@ -104,7 +106,9 @@ def vocab_offsets(
         return as_ids - draft_ids
     if offsets_ok:
         return d2t
-    raise ValueError(f"{where}: d2t maps draft ids outside the verifier vocabulary [0, {vocab_size}) either way")
+    raise ValueError(
+        f"{where}: d2t maps draft ids outside the verifier vocabulary [0, {vocab_size}) either way"
+    )
 
 
 def standard_vocab(
@@ -114,7 +118,9 @@ def standard_vocab(
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
     if draft_vocab_size == vocab_size:
         if d2t is not None and bool(vocab_offsets(d2t, t2d, vocab_size, where).any()):
-            raise ValueError(f"{where}: draft vocab == verifier vocab but d2t is not the identity; fix the config")
+            raise ValueError(
+                f"{where}: draft vocab == verifier vocab but d2t is not the identity; fix the config"
+            )
         return {}
     if t2d is not None:
         t2d = t2d.flatten().bool()
@@ -132,7 +138,9 @@ def standard_vocab(
     else:
         d2t = vocab_offsets(d2t, t2d, vocab_size, where)
     if d2t.shape[0] != draft_vocab_size:
-        raise ValueError(f"{where}: d2t has {d2t.shape[0]} entries but draft_vocab_size is {draft_vocab_size}")
+        raise ValueError(
+            f"{where}: d2t has {d2t.shape[0]} entries but draft_vocab_size is {draft_vocab_size}"
+        )
     if t2d is None:
         warn(f"{where}: t2d was missing; derived it from d2t")
         t2d = torch.zeros(vocab_size, dtype=torch.bool)
@@ -151,7 +159,10 @@ def standard_tensors(
     every missing or unexpected tensor rather than writing a checkpoint a consumer would reject."""
     tensors = unprefixed(tensors, where)
     layer = config["transformer_layer_config"]
-    vocab_size, draft_vocab_size = int(layer["vocab_size"]), int(config.get("draft_vocab_size", layer["vocab_size"]))
+    vocab_size, draft_vocab_size = (
+        int(layer["vocab_size"]),
+        int(config.get("draft_vocab_size", layer["vocab_size"])),
+    )
     shapes = expected_shapes(config)
     out = {n: t for n, t in tensors.items() if n not in ("d2t", "t2d")}
     out.update(standard_vocab(tensors, draft_vocab_size, vocab_size, where))

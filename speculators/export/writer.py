@@ -55,7 +55,9 @@ def write_validated(
             else:
                 target.write_text(content)
         findings = validate_checkpoint(staging, verifier_config)
-        findings = [Finding(f.severity, f.file.replace(str(staging), str(out_dir)), f.message) for f in findings]
+        findings = [
+            Finding(f.severity, f.file.replace(str(staging), str(out_dir)), f.message) for f in findings
+        ]
         if errors(findings):
             raise InvalidCheckpointError(out_dir, findings)
     return findings
