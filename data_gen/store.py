@@ -91,13 +91,13 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def _fsync_rename(tmp: Path, target: Path) -> None:
+def fsync_replace(tmp: Path, target: Path) -> None:
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, target)
 
 
-def _temp_path(target: Path) -> Path:
+def temp_sibling(target: Path) -> Path:
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
     os.close(fd)
     return Path(name)
@@ -107,10 +107,10 @@ def atomic_write_text(target: str | Path, text: str) -> None:
     """Write ``text`` to a temporary sibling, fsync, rename: readers see the old file or the new one, never half."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_path(target)
+    tmp = temp_sibling(target)
     try:
         tmp.write_text(text)
-        _fsync_rename(tmp, target)
+        fsync_replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -187,20 +187,26 @@ def pack_samples(samples: Sequence[Sample], num_aux: int, storage_dtype: str) ->
 
 
 def write_shard(
-    split_dir: str | Path, index: int, samples: Sequence[Sample], num_aux: int, storage_dtype: str
+    split_dir: str | Path,
+    index: int,
+    samples: Sequence[Sample],
+    num_aux: int,
+    storage_dtype: str,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Atomically write shard ``index`` and then its record; returns the record (also what the manifest lists)."""
+    """Atomically write shard ``index`` and then its record (plus ``extra`` fields, e.g. drop counts); returns the
+    record, which is also what the manifest lists for this shard."""
     split_dir = Path(split_dir)
     split_dir.mkdir(parents=True, exist_ok=True)
     target = split_dir / shard_name(index)
     tensors = pack_samples(samples, num_aux, storage_dtype)
     ids = [s.sample_id for s in samples]
-    tmp = _temp_path(target)
+    tmp = temp_sibling(target)
     try:
         save_file(tensors, str(tmp), metadata={"sample_ids": json.dumps(ids), "format": FORMAT_NAME})
         digest = sha256_file(tmp)
         size = tmp.stat().st_size
-        _fsync_rename(tmp, target)
+        fsync_replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
     lengths = (tensors["offsets"][1:] - tensors["offsets"][:-1]).tolist()
@@ -220,6 +226,7 @@ def write_shard(
         "sample_tokens": lengths,
         "sample_loss_tokens": loss_tokens,
     }
+    record.update(extra or {})
     atomic_write_json(split_dir / record_name(index), record)
     return record
 

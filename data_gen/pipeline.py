@@ -1,0 +1,424 @@
+"""The data-generation run: conversations → (regenerate) → masks → verifier features → shards, resumable.
+
+The unit of work is a SHARD: shard k of a split holds conversations ``[k*shard_size, (k+1)*shard_size)`` of that
+split (in source order), and rank r processes the shards with ``k % world_size == r``. Because a shard's content
+depends only on the data and the settings, the output is the same for any number of processes, and a killed run
+resumes by skipping the shards already written (see ``data_gen.store``). Rank 0 alone writes the shared files:
+``run_identity.json`` and ``heldout_conversations.jsonl`` before the work, the manifests, ``token_counts.safetensors``
+and ``summary.json`` after it.
+
+Every check that can refuse the run (source, chat template, aux layer ids, output directory of another verifier)
+happens before anything is written, on every rank, so a refused run leaves nothing behind and no rank waits on
+another that failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data_gen.capture import LAYER_CONVENTION, FeatureCapture, resolve_aux_layer_ids, verifier_fingerprint
+from data_gen.masks import ChatMasker, EncodedSample, MaskingError
+from data_gen.regenerate import RegenerateSettings, Regenerator, transformers_generate, vllm_generate
+from data_gen.sources import Conversation, DataSettings, load_conversations, split_conversations
+from data_gen.stats import count_assistant_tokens, write_token_counts
+from data_gen.store import (
+    FORMAT_VERSION,
+    HELDOUT_CONVERSATIONS_NAME,
+    SPLITS,
+    STORAGE_DTYPES,
+    Sample,
+    atomic_write_json,
+    atomic_write_text,
+    check_or_write_identity,
+    done_record,
+    finalize_split,
+    remove_stale_temporaries,
+    write_shard,
+)
+from speculators.verifier import load_verifier, resolve_verifier_path
+from speculators.vocab import tokenizer_fingerprint
+
+log = logging.getLogger("data_gen")
+
+
+@dataclass
+class GenSettings:
+    """The ``data_gen`` section of the recipe (see recipes/data_gen/default.yaml)."""
+
+    output_dir: str = "outputs/data"
+    batch_size: int = 8
+    shard_size: int = 64
+    storage_dtype: str = "bfloat16"
+    verify_resumed_shards: bool = True
+    regenerate: RegenerateSettings = field(default_factory=RegenerateSettings)
+
+    @classmethod
+    def from_mapping(cls, mapping: dict[str, Any]) -> GenSettings:
+        mapping = dict(mapping)
+        regenerate = RegenerateSettings(**(mapping.pop("regenerate", None) or {}))
+        unknown = sorted(set(mapping) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(
+                f"unknown data_gen settings {unknown}; known: {sorted(cls.__dataclass_fields__)}"
+            )
+        settings = cls(**mapping, regenerate=regenerate)
+        if settings.storage_dtype not in STORAGE_DTYPES:
+            raise ValueError(
+                f"data_gen.storage_dtype={settings.storage_dtype!r}; use one of {sorted(STORAGE_DTYPES)}"
+            )
+        if settings.batch_size < 1 or settings.shard_size < 1:
+            raise ValueError("data_gen.batch_size and data_gen.shard_size must be at least 1")
+        settings.regenerate.check()
+        return settings
+
+
+@dataclass
+class Distributed:
+    """Who this process is (accelerate fills it in run.py; a plain call is one process on CPU)."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: str | torch.device = "cpu"
+    barrier: Callable[[], None] = lambda: None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class Prepared:
+    """Everything the shard loop needs, built (and checked) before anything is written."""
+
+    data: DataSettings
+    gen: GenSettings
+    verifier_path: str
+    splits: dict[str, list[Conversation]]
+    source_report: dict[str, Any]
+    masker: ChatMasker
+    capture: FeatureCapture
+    identity: dict[str, Any]
+    header: dict[str, Any]
+    tokenizer: Any
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
+    """Load and check everything (source, template, layer ids, verifier, output dir); writes nothing."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    data = DataSettings.from_mapping(config["data"])
+    gen = GenSettings.from_mapping(config["data_gen"])
+    verifier = dict(config["verifier"])
+    conversations, report = load_conversations(data)
+    train, heldout = split_conversations(conversations, data.heldout_fraction, data.seed)
+    log.info("%s; train %d, heldout %d", report.summary(), len(train), len(heldout))
+
+    path = resolve_verifier_path(str(verifier["name_or_path"]))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    masker = ChatMasker(tokenizer, data.turn_mode, data.chat_template)
+    hf_config = AutoConfig.from_pretrained(path)
+    num_layers = int(hf_config.num_hidden_layers)
+    aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), num_layers)
+    model, _ = load_verifier(path, verifier.get("dtype", "auto"), dist.device)
+    capture = FeatureCapture(model, aux_ids, out_dtype=None)
+    vocab_size = int(hf_config.vocab_size)
+    if len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but the verifier's vocab_size is {vocab_size}; "
+            "they do not belong together"
+        )
+    identity = {
+        "format_version": FORMAT_VERSION,
+        "verifier": {
+            "fingerprint": verifier_fingerprint(model),
+            "architectures": list(getattr(hf_config, "architectures", None) or []),
+        },
+        "tokenizer": {
+            "fingerprint": tokenizer_fingerprint(tokenizer),
+            "chat_template_sha256": _sha256_text(masker.template),
+            "masking": {k: v for k, v in masker.describe().items() if k != "prefix_stable"},
+        },
+        "aux_layer_ids": aux_ids,
+        "layer_convention": LAYER_CONVENTION,
+        "storage_dtype": gen.storage_dtype,
+        "shard_size": gen.shard_size,
+        "data": _data_identity(data),
+        "regenerate": _regenerate_identity(gen.regenerate),
+    }
+    check_or_write_identity(gen.output_dir, identity, write=False)
+    header = {
+        "aux_layer_ids": aux_ids,
+        "layer_convention": LAYER_CONVENTION,
+        "num_hidden_layers": num_layers,
+        "hidden_size": int(hf_config.hidden_size),
+        "vocab_size": vocab_size,
+        "storage_dtype": gen.storage_dtype,
+        "verifier": {
+            "name_or_path": str(verifier["name_or_path"]),
+            "resolved_path": path,
+            "architectures": identity["verifier"]["architectures"],
+            "fingerprint": identity["verifier"]["fingerprint"],
+            "capture_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        },
+        "tokenizer": {**identity["tokenizer"], **masker.describe()},
+        "data": {"settings": asdict(data), "source_report": report.to_json()},
+        "regenerate": identity["regenerate"],
+    }
+    return Prepared(
+        data=data,
+        gen=gen,
+        verifier_path=path,
+        splits={"train": train, "heldout": heldout},
+        source_report=report.to_json(),
+        masker=masker,
+        capture=capture,
+        identity=identity,
+        header=header,
+        tokenizer=tokenizer,
+    )
+
+
+def _data_identity(data: DataSettings) -> dict[str, Any]:
+    settings = asdict(data)
+    source = Path(str(data.source)).expanduser()
+    if source.is_file():
+        settings["source_bytes"] = source.stat().st_size
+    return settings
+
+
+def _regenerate_identity(settings: RegenerateSettings) -> dict[str, Any]:
+    if not settings.enabled:
+        return {"enabled": False}
+    return {"enabled": True, "temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens}
+
+
+# ---- one shard ----------------------------------------------------------------------------------------------
+def capture_samples(
+    capture: FeatureCapture, encoded: list[EncodedSample], batch_size: int, pad_id: int
+) -> list[Sample]:
+    """Run the verifier over ``encoded`` in length-sorted batches; samples come back in the input order."""
+    order = sorted(range(len(encoded)), key=lambda i: (-len(encoded[i].input_ids), i))
+    out: list[Sample | None] = [None] * len(encoded)
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        width = len(encoded[rows[0]].input_ids)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for row, index in enumerate(rows):
+            length = len(encoded[index].input_ids)
+            ids[row, :length] = torch.tensor(encoded[index].input_ids)
+            mask[row, :length] = 1
+        features = capture.capture(ids, mask)
+        aux, last = features["aux_hidden"].cpu(), features["last_hidden"].cpu()
+        for row, index in enumerate(rows):
+            sample = encoded[index]
+            length = len(sample.input_ids)
+            out[index] = Sample(
+                sample_id=sample.sample_id,
+                input_ids=torch.tensor(sample.input_ids, dtype=torch.long),
+                loss_mask=torch.tensor(sample.loss_mask, dtype=torch.bool),
+                aux_hidden=aux[row, :length].clone(),
+                last_hidden=last[row, :length].clone(),
+            )
+    return [s for s in out if s is not None]
+
+
+def encode_conversations(
+    masker: ChatMasker, conversations: list[Conversation], data: DataSettings
+) -> tuple[list[EncodedSample], Counter]:
+    encoded: list[EncodedSample] = []
+    counts: Counter = Counter()
+    for conversation in conversations:
+        try:
+            samples = masker.encode(conversation, data.max_length, data.overlong)
+        except MaskingError as problem:
+            counts[f"dropped_{problem.reason}"] += 1
+            continue
+        counts["truncated"] += sum(s.truncated for s in samples)
+        encoded += samples
+    return encoded, counts
+
+
+class ShardWorker:
+    """Builds the shards of one rank."""
+
+    def __init__(self, prepared: Prepared, dist: Distributed) -> None:
+        self.p = prepared
+        self.dist = dist
+        self.out = Path(prepared.gen.output_dir)
+        tokenizer = prepared.tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else prepared.masker.eot_id
+        self.regenerator = self._regenerator() if prepared.gen.regenerate.enabled else None
+
+    def _regenerator(self) -> Regenerator:
+        settings = self.p.gen.regenerate
+        stop_ids = sorted(
+            {
+                self.p.masker.eot_id,
+                *([self.p.tokenizer.eos_token_id] if self.p.tokenizer.eos_token_id is not None else []),
+            }
+        )
+        if settings.backend == "vllm":
+            generate = vllm_generate(self.p.verifier_path, settings, stop_ids)
+        else:
+            generate = transformers_generate(self.p.capture.model, self.p.tokenizer, settings, stop_ids)
+        return Regenerator(generate, self.p.masker, settings, self.p.data.max_length, self.p.data.seed)
+
+    def shard(self, split: str, index: int, conversations: list[Conversation]) -> dict[str, Any]:
+        counts: Counter = Counter()
+        if self.regenerator is not None:
+            cache = self.out / "regenerated" / split / f"shard-{index:05d}.jsonl"
+            conversations, regen_counts = self.regenerator.regenerate(conversations, cache)
+            counts.update({f"regenerate_{k}": v for k, v in regen_counts.items()})
+        encoded, mask_counts = encode_conversations(self.p.masker, conversations, self.p.data)
+        counts.update(mask_counts)
+        samples = capture_samples(self.p.capture, encoded, self.p.gen.batch_size, self.pad_id)
+        num_aux = len(self.p.capture.aux_layer_ids)
+        extra = {"conversations": len(conversations), "counts": dict(counts)}
+        return write_shard(self.out / split, index, samples, num_aux, self.p.gen.storage_dtype, extra)
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+def shard_plan(splits: dict[str, list[Conversation]], shard_size: int) -> dict[str, int]:
+    return {split: (len(convs) + shard_size - 1) // shard_size for split, convs in splits.items()}
+
+
+def run_data_gen(
+    config: dict[str, Any],
+    dist: Distributed | None = None,
+    on_shard: Callable[[str, int, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Generate (or resume) the features described by ``config`` (the resolved recipe as a dict).
+
+    ``on_shard(split, index, record)`` is called after each shard this rank writes (progress hooks; a test uses
+    it to stop a run part-way). Returns the summary (rank 0: of the whole output; other ranks: of their work).
+    """
+    from tqdm.auto import tqdm
+
+    dist = dist or Distributed()
+    started = time.time()
+    prepared = prepare(config, dist)
+    out = Path(prepared.gen.output_dir)
+    plan = shard_plan(prepared.splits, prepared.gen.shard_size)
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        check_or_write_identity(out, prepared.identity, write=True)
+        for split in SPLITS:
+            remove_stale_temporaries(out / split)
+        heldout_lines = "".join(
+            json.dumps(c.to_json(), ensure_ascii=False) + "\n" for c in prepared.splits["heldout"]
+        )
+        atomic_write_text(out / HELDOUT_CONVERSATIONS_NAME, heldout_lines)
+        atomic_write_json(out / "recipe.json", config)
+    dist.barrier()
+
+    size = prepared.gen.shard_size
+    mine = [(split, k) for split in SPLITS for k in range(plan[split]) if k % dist.world_size == dist.rank]
+    pending, resumed = [], 0
+    for split, k in mine:
+        if done_record(out / split, k, verify=prepared.gen.verify_resumed_shards) is None:
+            pending.append((split, k))
+        else:
+            resumed += 1
+    if resumed:
+        log.info("rank %d: resuming, %d of %d shards already done", dist.rank, resumed, len(mine))
+    worker = ShardWorker(prepared, dist)
+    total = sum(len(prepared.splits[s][k * size : (k + 1) * size]) for s, k in pending)
+    tokens = 0
+    work_started = time.time()
+    with tqdm(total=total, unit="conv", desc=f"data_gen rank {dist.rank}", disable=not dist.is_main) as bar:
+        for split, k in pending:
+            conversations = prepared.splits[split][k * size : (k + 1) * size]
+            record = worker.shard(split, k, conversations)
+            tokens += record["num_tokens"]
+            bar.update(len(conversations))
+            bar.set_postfix(tok_s=f"{tokens / max(time.time() - work_started, 1e-9):.0f}", split=split)
+            if on_shard is not None:
+                on_shard(split, k, record)
+    dist.barrier()
+    if not dist.is_main:
+        return {"rank": dist.rank, "shards": len(pending), "tokens": tokens, "seconds": time.time() - started}
+    return finalize(prepared, plan, started, tokens)
+
+
+def finalize(prepared: Prepared, plan: dict[str, int], started: float, new_tokens: int) -> dict[str, Any]:
+    """Rank 0: manifests, token counts and the summary."""
+    out = Path(prepared.gen.output_dir)
+    manifests = {split: finalize_split(out / split, plan[split], prepared.header) for split in SPLITS}
+    vocab_size = prepared.header["vocab_size"]
+    counts = count_assistant_tokens(out / "train", vocab_size)
+    provenance = {
+        "tokenizer_fingerprint": prepared.identity["tokenizer"]["fingerprint"],
+        "verifier_fingerprint": prepared.identity["verifier"]["fingerprint"],
+        "verifier": prepared.header["verifier"]["name_or_path"],
+        "vocab_size": vocab_size,
+        "split": "train",
+        "num_samples": manifests["train"]["num_samples"],
+        "num_loss_tokens": manifests["train"]["num_loss_tokens"],
+        "data": prepared.identity["data"],
+        "regenerate": prepared.identity["regenerate"],
+    }
+    write_token_counts(out, counts, provenance)
+    elapsed = time.time() - started
+    totals: Counter = Counter()
+    for manifest in manifests.values():
+        for shard in manifest["shards"]:
+            totals.update(shard.get("counts", {}))
+    tokens = sum(m["num_tokens"] for m in manifests.values())
+    size = sum(m["bytes"] for m in manifests.values())
+    hidden = prepared.header["hidden_size"]
+    summary = {
+        "output_dir": str(out),
+        "samples": {s: m["num_samples"] for s, m in manifests.items()},
+        "conversations": {s: len(c) for s, c in prepared.splits.items()},
+        "tokens": tokens,
+        "loss_tokens": sum(m["num_loss_tokens"] for m in manifests.values()),
+        "bytes": size,
+        "bytes_per_token": size / max(tokens, 1),
+        "naive_bytes_per_token": 4 * hidden * 2,
+        "storage_dtype": prepared.gen.storage_dtype,
+        "seconds": elapsed,
+        "tokens_captured_now": new_tokens,
+        "tokens_per_second_now": new_tokens / max(elapsed, 1e-9),
+        "source": prepared.source_report,
+        "counts": dict(totals),
+    }
+    atomic_write_json(out / "summary.json", summary)
+    return summary
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A few human lines for the end of a run."""
+    if "samples" not in summary:
+        return f"rank {summary['rank']}: {summary['shards']} shards, {summary['tokens']} tokens"
+    dropped = {k: v for k, v in summary["counts"].items() if k.startswith("dropped_") or k == "truncated"}
+    source_dropped = summary["source"]["dropped"]
+    return "\n".join(
+        [
+            f"data_gen done → {summary['output_dir']}",
+            f"  samples: train {summary['samples']['train']}, heldout {summary['samples']['heldout']}"
+            f" (from {summary['conversations']['train']} + {summary['conversations']['heldout']} conversations)",
+            f"  tokens: {summary['tokens']:,} ({summary['loss_tokens']:,} assistant)",
+            f"  bytes: {summary['bytes']:,} = {summary['bytes_per_token']:.0f} B/token ({summary['storage_dtype']};"
+            f" naive 4×H×2 = {summary['naive_bytes_per_token']} B/token)",
+            f"  time: {summary['seconds']:.1f} s, {summary['tokens_per_second_now']:.0f} tokens/s captured this run",
+            f"  source drops: {source_dropped or 'none'}; masking: {dropped or 'none'}",
+        ]
+    )
+
+
+__all__ = ["Distributed", "GenSettings", "capture_samples", "format_summary", "prepare", "run_data_gen"]

@@ -1,0 +1,222 @@
+"""On-policy data: replace every assistant turn with the verifier's own answer, turn by turn.
+
+A draft learns to predict what the VERIFIER would say; ShareGPT's answers come from another model. Regenerating
+makes the training targets on-policy. Multi-turn conversations are regenerated turn by turn: the answer to turn i
+is generated from the history that already holds the regenerated answers 1..i-1 (the user turns stay as they are).
+
+Batched across conversations (``regenerate.batch_size``). Back-ends: ``transformers`` (``model.generate``,
+everywhere) and ``vllm`` (through ``speculators.serving.vllm_bridge.generate_with_vllm``, which runs vLLM in its
+own virtualenv; much faster where vLLM runs). Resumable: each finished batch is appended to a JSONL cache and
+fsynced; a rerun reuses what is there (a line cut by a kill is discarded). Sampling is seeded per batch from
+``(seed, cache name, batch index)``, so a resumed run draws the same numbers as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data_gen.masks import ChatMasker
+from data_gen.sources import Conversation
+
+BACKENDS = ("transformers", "vllm")
+
+
+@dataclass
+class RegenerateSettings:
+    """``data_gen.regenerate`` of the recipe (see recipes/data_gen/default.yaml)."""
+
+    enabled: bool = False
+    backend: str = "transformers"
+    temperature: float = 0.0
+    max_new_tokens: int = 512
+    batch_size: int = 16
+
+    def check(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"data_gen.regenerate.backend={self.backend!r}; use one of {BACKENDS}")
+        if self.temperature < 0 or self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError(
+                "data_gen.regenerate needs temperature >= 0, max_new_tokens >= 1 and batch_size >= 1"
+            )
+
+
+# A generate function takes prompt token ids and returns the generated texts (special tokens removed).
+GenerateFn = Callable[[list[list[int]], int], list[str]]
+
+
+def transformers_generate(
+    model: Any, tokenizer: Any, settings: RegenerateSettings, stop_ids: list[int]
+) -> GenerateFn:
+    """Batched ``model.generate`` with left padding; greedy at temperature 0."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+
+    def generate(prompts: list[list[int]], seed: int) -> list[str]:
+        device = next(model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        torch.manual_seed(seed)
+        sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": 1.0, "top_k": 0}
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=settings.max_new_tokens,
+                eos_token_id=stop_ids,
+                pad_token_id=pad_id,
+                **(sampling if settings.temperature > 0 else {"do_sample": False}),
+            )
+        return [tokenizer.decode(row[width:], skip_special_tokens=True) for row in out.cpu()]
+
+    return generate
+
+
+def vllm_generate(verifier_path: str, settings: RegenerateSettings, stop_ids: list[int]) -> GenerateFn:
+    """The vLLM back-end, through the serving bridge (vLLM lives in its own virtualenv)."""
+    try:
+        from speculators.serving.vllm_bridge import generate_with_vllm
+    except ImportError as error:
+        raise RuntimeError(
+            "data_gen.regenerate.backend=vllm is not available: speculators.serving.vllm_bridge "
+            f"(generate_with_vllm) cannot be imported ({error}). Use backend=transformers, or install the vLLM "
+            "environment (`make vllm-env`) with a speculators version that has the bridge."
+        ) from error
+
+    def generate(prompts: list[list[int]], seed: int) -> list[str]:
+        results = generate_with_vllm(
+            verifier_path,
+            prompts,
+            max_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            seed=seed,
+        )
+        return [r if isinstance(r, str) else r["text"] for r in results]
+
+    return generate
+
+
+# ---- the resumable cache ------------------------------------------------------------------------------------
+def read_cache(path: Path) -> dict[str, dict[str, Any]]:
+    """Entries already regenerated; a trailing line cut by a kill is removed from the file."""
+    if not path.exists():
+        return {}
+    raw = path.read_bytes()
+    good_end = raw.rfind(b"\n") + 1
+    if good_end < len(raw):
+        with open(path, "r+b") as handle:
+            handle.truncate(good_end)
+    entries = {}
+    for line in raw[:good_end].decode("utf-8").splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            entries[entry["id"]] = entry
+    return entries
+
+
+def append_cache(path: Path, entries: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def batch_seed(seed: int, name: str, index: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}\0{name}\0{index}".encode()).digest()[:4], "big")
+
+
+# ---- regeneration -------------------------------------------------------------------------------------------
+class Regenerator:
+    """Regenerates conversations batch by batch through a :data:`GenerateFn`, caching results in JSONL."""
+
+    def __init__(
+        self,
+        generate: GenerateFn,
+        masker: ChatMasker,
+        settings: RegenerateSettings,
+        max_length: int,
+        seed: int,
+    ) -> None:
+        self.generate = generate
+        self.masker = masker
+        self.settings = settings
+        self.max_length = max_length
+        self.seed = seed
+
+    def regenerate(
+        self, conversations: list[Conversation], cache: Path, progress: Callable[[int], None] | None = None
+    ) -> tuple[list[Conversation], Counter]:
+        """The regenerated conversations (same order; ones that lost every turn are left out) and counts."""
+        done = read_cache(cache)
+        size = self.settings.batch_size
+        for index in range(0, (len(conversations) + size - 1) // size):
+            batch = conversations[index * size : (index + 1) * size]
+            if all(c.id in done for c in batch):
+                continue
+            entries = self._batch(batch, batch_seed(self.seed, cache.name, index))
+            append_cache(cache, entries)
+            done.update({e["id"]: e for e in entries})
+            if progress is not None:
+                progress(len(batch))
+        counts: Counter = Counter()
+        out = []
+        for conversation in conversations:
+            entry = done[conversation.id]
+            counts.update(entry.get("counts", {}))
+            if entry.get("messages"):
+                out.append(Conversation(conversation.id, entry["messages"]))
+        return out, counts
+
+    def _batch(self, batch: list[Conversation], seed: int) -> list[dict[str, Any]]:
+        messages = [[dict(m) for m in c.messages] for c in batch]
+        counts = [Counter() for _ in batch]
+        turn = 0
+        while True:
+            jobs = []  # (conversation, message index, prompt ids)
+            for row, msgs in enumerate(messages):
+                turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+                if turn >= len(turns):
+                    continue
+                position = turns[turn]
+                prompt = self.masker.tokenize(self.masker.prompt_text(msgs[:position]))[0]
+                if len(prompt) >= self.max_length:  # nothing of this answer would fit: end the chat before it
+                    messages[row] = msgs[:position]
+                    counts[row]["turns_cut_at_max_length"] += 1
+                    continue
+                jobs.append((row, position, prompt))
+            if not jobs:
+                break
+            texts = self.generate([prompt for _, _, prompt in jobs], seed + turn)
+            for (row, position, _), text in zip(jobs, texts, strict=True):
+                text = text.strip()
+                if not text:
+                    messages[row] = messages[row][:position]
+                    counts[row]["empty_answers"] += 1
+                    continue
+                messages[row][position]["content"] = text
+                counts[row]["regenerated_turns"] += 1
+            turn += 1
+        entries = []
+        for conversation, msgs, count in zip(batch, messages, counts, strict=True):
+            has_answer = any(m["role"] == "assistant" for m in msgs)
+            if not has_answer:
+                count["conversations_without_answer"] += 1
+            entries.append(
+                {"id": conversation.id, "messages": msgs if has_answer else None, "counts": dict(count)}
+            )
+        return entries
+
+
+__all__ = ["RegenerateSettings", "Regenerator", "transformers_generate", "vllm_generate"]

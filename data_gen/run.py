@@ -1,0 +1,46 @@
+"""Hydra entry point: ``accelerate launch data_gen/run.py recipe=NAME [key=value ...]`` (or plain ``python``).
+
+Reads the ``verifier``, ``data`` and ``data_gen`` sections of the recipe (recipes/config.yaml and its groups), runs
+:func:`data_gen.pipeline.run_data_gen` on every rank (each takes the shards ``k % world_size == rank``) and prints
+the summary on rank 0. Under ``accelerate launch`` give an explicit ``hydra.run.dir`` so all ranks agree on it.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python data_gen/run.py` from anywhere
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+
+@hydra.main(config_path="../recipes", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    from accelerate import PartialState
+
+    from data_gen.pipeline import Distributed, format_summary, run_data_gen
+
+    state = PartialState()
+    logging.getLogger("data_gen").setLevel(logging.INFO if state.is_main_process else logging.WARNING)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    dist = Distributed(
+        rank=state.process_index,
+        world_size=state.num_processes,
+        device=state.device,
+        barrier=state.wait_for_everyone,
+    )
+    try:
+        summary = run_data_gen(config, dist)
+        if state.is_main_process:
+            print(format_summary(summary), flush=True)
+    finally:
+        gc.collect()
+        state.destroy_process_group()  # gloo hangs at exit otherwise (ENVIRONMENT.md)
+
+
+if __name__ == "__main__":
+    main()

