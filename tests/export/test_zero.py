@@ -20,6 +20,9 @@ from tests.export.conftest import build_draft, make_run
 SCRIPT = Path(__file__).with_name("zero_checkpoint.py")
 REPO = Path(__file__).resolve().parents[2]
 
+# Each test asserts the warnings it cares about with pytest.warns; the rest are expected noise here.
+pytestmark = pytest.mark.filterwarnings("ignore::speculators.export.ExportWarning")
+
 
 @pytest.fixture(scope="module")
 def zero_run(tmp_path_factory, small_verifier_dir):

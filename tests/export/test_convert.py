@@ -1,0 +1,295 @@
+"""Conversion from other layouts: original EAGLE-3, SpecForge, older/newer speculators configs; EAGLE-1/HASS is
+explained, never exported. Each converted checkpoint validates and loads into our draft with identical tensors."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from speculators.cli import main as cli_main
+from speculators.export import (
+    ExportWarning,
+    UnsupportedDraftError,
+    convert_checkpoint,
+    detect_layout,
+)
+from speculators.export.sources import read_config, read_weights, verifier_embedding
+from speculators.format import load_checkpoint, validate_checkpoint
+from speculators.format.validate import errors
+from speculators.models import Eagle3DraftModel
+from speculators.verifier import build_tiny_verifier
+from tests.export.conftest import (
+    build_draft,
+    draft_logits,
+    state_dict_of,
+    write_eagle3_original,
+    write_specforge,
+)
+
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 256,
+}
+
+# Each test asserts the warnings it cares about with pytest.warns; the rest are expected noise here.
+pytestmark = pytest.mark.filterwarnings("ignore::speculators.export.ExportWarning")
+
+
+@pytest.fixture(scope="module")
+def original_draft(small_verifier_dir) -> Eagle3DraftModel:
+    """An original-EAGLE-3-semantics draft (residual = un-normed hidden) whose embedding is the verifier's."""
+    model = build_draft(small_verifier_dir, draft_vocab_size=256, seed=3, norm_before_residual=False)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(verifier_embedding(small_verifier_dir))
+    return model
+
+
+def verifier_config(directory: Path) -> dict:
+    return json.loads((directory / "config.json").read_text())
+
+
+def assert_same_draft(out: Path, source: Eagle3DraftModel) -> None:
+    """The converted checkpoint validates, loads into Eagle3DraftModel tensor-for-tensor and computes the same."""
+    config = json.loads((out / "config.json").read_text())
+    verifier = verifier_config(Path(config["speculators_config"]["verifier"]["name_or_path"]))
+    assert errors(validate_checkpoint(out, verifier)) == []
+    loaded = Eagle3DraftModel.from_pretrained(out, dtype=torch.float32)
+    expected = state_dict_of(source)
+    for name, tensor in state_dict_of(loaded).items():
+        assert torch.equal(tensor, expected[name]), name
+    assert torch.equal(draft_logits(loaded), draft_logits(source))
+
+
+# ---- original EAGLE-3 --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("as_bin", [True, False], ids=["pytorch_model.bin", "model.safetensors"])
+def test_original_eagle3_layout_converts(tmp_path, original_draft, small_verifier_dir, as_bin):
+    src = write_eagle3_original(tmp_path / "src", original_draft, as_bin=as_bin)
+    assert detect_layout(read_config(src), read_weights(src)) == "eagle3-original"
+    with pytest.warns(ExportWarning, match="embed_tokens.weight was missing"):
+        result = convert_checkpoint(src, tmp_path / "out", verifier=str(small_verifier_dir), dtype="float32")
+    assert result.layout == "eagle3-original"
+    config, tensors = load_checkpoint(tmp_path / "out")
+    assert "model_type" not in config and config["architectures"] == ["Eagle3Speculator"]
+    assert config["norm_before_residual"] is False  # EAGLE-3's layer 0 adds the un-normed hidden state
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]  # vLLM's default for L = 6, no shift
+    assert config["transformer_layer_config"]["max_position_embeddings"] == 1024  # the verifier's, not 256
+    assert config["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    assert not any(n.startswith("midlayer.") for n in tensors)
+    assert_same_draft(tmp_path / "out", original_draft)
+
+
+def test_original_layout_in_bf16_and_top_level_ids_shifted_on_request(
+    tmp_path, original_draft, small_verifier_dir
+):
+    src = write_eagle3_original(tmp_path / "src", original_draft)
+    config = read_config(src)
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 2, 2]
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.warns(ExportWarning, match=r"output-of-layer.*\[2, 3, 3\]"):
+        convert_checkpoint(
+            src, tmp_path / "out", verifier=str(small_verifier_dir), aux_convention="output-of-layer"
+        )
+    out_config, tensors = load_checkpoint(tmp_path / "out")
+    assert out_config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+    assert tensors["fc.weight"].dtype == torch.bfloat16 and out_config["torch_dtype"] == "bfloat16"
+    assert torch.equal(tensors["fc.weight"], original_draft.fc.weight.detach().to(torch.bfloat16))
+
+
+def test_verifier_rope_scaling_is_copied(tmp_path, original_draft):
+    verifier = build_tiny_verifier(
+        tmp_path / "llama31-like", vocab_size=1000, rope_theta=500000.0, rope_scaling=LLAMA3_SCALING
+    )
+    src = write_specforge(tmp_path / "src", original_draft)  # says rope_theta 10000, rope_scaling null
+    with pytest.warns(ExportWarning, match="rope settings"):
+        convert_checkpoint(src, tmp_path / "out", verifier=str(verifier))
+    layer = load_checkpoint(tmp_path / "out")[0]["transformer_layer_config"]
+    assert layer["rope_theta"] == 500000.0 and layer["rope_scaling"]["rope_type"] == "llama3"
+    assert layer["rope_scaling"]["factor"] == 8.0
+
+
+# ---- SpecForge ---------------------------------------------------------------------------------------------
+def test_specforge_layout_shifts_output_of_layer_ids(tmp_path, original_draft, small_verifier_dir):
+    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[1, 2, 2])  # SpecForge's [1, L//2-1, L-4]
+    assert detect_layout(read_config(src), read_weights(src)) == "specforge"
+    with pytest.warns(ExportWarning, match=r"shifted by \+1 .*\[2, 3, 3\]"):
+        convert_checkpoint(src, tmp_path / "out", verifier=str(small_verifier_dir), dtype="float32")
+    config = load_checkpoint(tmp_path / "out")[0]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+    assert config["norm_before_residual"] is False
+    assert_same_draft(tmp_path / "out", original_draft)
+
+
+def test_specforge_ids_kept_when_declared_vllm_convention(
+    tmp_path, original_draft, small_verifier_dir, recwarn
+):
+    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[2, 3, 3])
+    convert_checkpoint(src, tmp_path / "out", verifier=str(small_verifier_dir), aux_convention="vllm")
+    assert load_checkpoint(tmp_path / "out")[0]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+    assert not [w for w in recwarn if "shifted" in str(w.message)]
+
+
+def test_specforge_without_ids_gets_vllm_default(tmp_path, original_draft, small_verifier_dir):
+    src = write_specforge(tmp_path / "src", original_draft)
+    with pytest.warns(ExportWarning):
+        convert_checkpoint(src, tmp_path / "out", verifier=str(small_verifier_dir))
+    assert load_checkpoint(tmp_path / "out")[0]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+
+
+def test_out_of_range_aux_ids_are_refused(tmp_path, original_draft, small_verifier_dir):
+    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[1, 2, 6])  # 6 + 1 > L = 6
+    with pytest.warns(ExportWarning), pytest.raises(ValueError, match=r"\[7\] fall outside \[0, 6\]"):
+        convert_checkpoint(src, tmp_path / "out", verifier=str(small_verifier_dir))
+    assert not (tmp_path / "out").exists()
+
+
+def test_flat_layouts_need_a_verifier(tmp_path, original_draft):
+    src = write_specforge(tmp_path / "src", original_draft)
+    with pytest.raises(ValueError, match="pass --verifier"):
+        convert_checkpoint(src, tmp_path / "out")
+
+
+# ---- speculators format, older and newer -------------------------------------------------------------------
+def make_old_speculators(directory: Path, model: Eagle3DraftModel) -> Path:
+    """An older speculators export: no norm_before_residual, no layer model_type, a top-level model_type,
+    ``model.``-prefixed names and d2t stored as target ids."""
+    model.save_pretrained(directory, dtype=torch.float32)
+    config = read_config(directory)
+    del config["norm_before_residual"]
+    del config["transformer_layer_config"]["model_type"]
+    config["model_type"] = "llama"
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(directory / "model.safetensors"))
+    tensors["d2t"] = tensors["d2t"] + torch.arange(tensors["d2t"].shape[0])
+    save_file({"model." + k: v for k, v in tensors.items()}, str(directory / "model.safetensors"))
+    return directory
+
+
+def test_older_speculators_config_is_normalised(tmp_path, small_verifier_dir):
+    model = build_draft(small_verifier_dir, draft_vocab_size=256, seed=5)  # trained with norm_before_residual
+    src = make_old_speculators(tmp_path / "src", model)
+    assert errors(validate_checkpoint(src))  # the consumers would reject or misread it
+    with pytest.raises(ValueError, match="--norm-before-residual"):
+        convert_checkpoint(src, tmp_path / "out")
+    with pytest.warns(ExportWarning) as caught:
+        convert_checkpoint(src, tmp_path / "out", norm_before_residual=True, dtype="float32")
+    messages = " ".join(str(w.message) for w in caught)
+    for expected in (
+        "top-level model_type",
+        "model_type was missing",
+        "prefix 'model.'",
+        "d2t holds target ids",
+    ):
+        assert expected in messages, expected
+    config, tensors = load_checkpoint(tmp_path / "out")
+    assert (
+        config["transformer_layer_config"]["model_type"] == "llama" and config["norm_before_residual"] is True
+    )
+    assert torch.equal(tensors["d2t"], model.d2t)  # offsets again
+    assert_same_draft(tmp_path / "out", model)
+
+
+def test_newer_flags_kept_or_refused_for_max_compat(tmp_path, small_verifier_dir):
+    model = build_draft(small_verifier_dir, draft_vocab_size=256, seed=6)
+    config = copy.deepcopy(model.config)
+    config.norm_before_fc = True
+    newer = Eagle3DraftModel(config)
+    newer.load_state_dict(model.state_dict(), strict=False)
+    with torch.no_grad():
+        newer.input_norm.weight.uniform_(0.5, 1.5)
+    newer.save_pretrained(tmp_path / "src", dtype=torch.float32)
+    with pytest.raises(ValueError, match="--flags keep"):
+        convert_checkpoint(tmp_path / "src", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    convert_checkpoint(tmp_path / "src", tmp_path / "out", flags="keep", dtype="float32")
+    assert load_checkpoint(tmp_path / "out")[0]["norm_before_fc"] is True
+    assert_same_draft(tmp_path / "out", newer)
+
+
+def test_current_speculators_checkpoint_round_trips_unchanged(tmp_path, small_verifier_dir, recwarn):
+    model = build_draft(small_verifier_dir, draft_vocab_size=256, seed=8)
+    model.save_pretrained(tmp_path / "src", dtype=torch.float32)
+    result = convert_checkpoint(tmp_path / "src", tmp_path / "out", dtype="float32")
+    assert result.layout == "speculators" and not [w for w in recwarn if w.category is ExportWarning]
+    assert read_config(tmp_path / "out") == {**read_config(tmp_path / "src"), "speculators_version": "0.1.0"}
+    assert_same_draft(tmp_path / "out", model)
+
+
+# ---- EAGLE-1 / HASS ----------------------------------------------------------------------------------------
+def write_eagle1(directory: Path, hidden: int = 64, vocab: int = 1000) -> Path:
+    """EAGLE-1/HASS layout: flat Llama config, fc [H, 2H] with bias over cat(embedding, feature), one plain decoder
+    layer (q_proj reads H), no lm_head of its own."""
+    directory.mkdir(parents=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-5,
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors = {
+        "fc.weight": torch.randn(hidden, 2 * hidden),
+        "fc.bias": torch.randn(hidden),
+        "embed_tokens.weight": torch.randn(vocab, hidden),
+        "layers.0.self_attn.q_proj.weight": torch.randn(hidden, hidden),
+        "layers.0.self_attn.k_proj.weight": torch.randn(32, hidden),
+        "layers.0.self_attn.v_proj.weight": torch.randn(32, hidden),
+        "layers.0.self_attn.o_proj.weight": torch.randn(hidden, hidden),
+        "layers.0.post_attention_layernorm.weight": torch.ones(hidden),
+        "layers.0.mlp.gate_proj.weight": torch.randn(128, hidden),
+        "layers.0.mlp.up_proj.weight": torch.randn(128, hidden),
+        "layers.0.mlp.down_proj.weight": torch.randn(hidden, 128),
+    }
+    torch.save(tensors, directory / "pytorch_model.bin")
+    return directory
+
+
+def test_eagle1_hass_checkpoint_gets_an_explanation(tmp_path, small_verifier_dir, capsys):
+    src = write_eagle1(tmp_path / "hass")
+    with pytest.raises(UnsupportedDraftError, match=r"EAGLE-1/HASS.*fc.weight \[64, 128\] = \[H, 2H\]"):
+        convert_checkpoint(src, tmp_path / "out", verifier=str(small_verifier_dir))
+    assert not (tmp_path / "out").exists()
+    assert cli_main(["convert", str(src), str(tmp_path / "out"), "--verifier", str(small_verifier_dir)]) == 1
+    err = capsys.readouterr().err
+    assert "vLLM serves only the eagle3 family" in err and "train on the EAGLE-3 architecture" in err
+
+
+def test_speculators_eagle_type_gets_the_same_explanation(tmp_path, small_verifier_dir):
+    model = build_draft(small_verifier_dir, draft_vocab_size=256)
+    model.save_pretrained(tmp_path / "src")
+    config = read_config(tmp_path / "src")
+    config["speculators_model_type"] = "eagle"
+    (tmp_path / "src" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedDraftError, match="speculators_model_type 'eagle'"):
+        convert_checkpoint(tmp_path / "src", tmp_path / "out")
+
+
+def test_cli_convert(tmp_path, original_draft, small_verifier_dir, capsys):
+    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[1, 2, 2])
+    args = [
+        "convert",
+        str(src),
+        str(tmp_path / "out"),
+        "--verifier",
+        str(small_verifier_dir),
+        "--from",
+        "specforge",
+    ]
+    assert cli_main([*args, "--speculative-tokens", "5"]) == 0
+    captured = capsys.readouterr()
+    assert "converted" in captured.out and "shifted by +1" in captured.err
+    config = load_checkpoint(tmp_path / "out")[0]
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+    assert "converted from the specforge layout" in (tmp_path / "out" / "README.md").read_text()
