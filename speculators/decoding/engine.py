@@ -1,0 +1,316 @@
+"""Speculative decoding and plain decoding of an HF causal LM, with KV caches, batches and exact verification.
+
+Both loops share the verifier plumbing (left-padded prefill, per-row positions, a 4D float mask over a cache with
+per-row holes) so that "speculative vs plain" compares the same engine with and without a draft.
+
+One speculative step for a batch:
+  1. the draft reads the segment the verifier confirmed last step, then proposes a chain or a tree;
+  2. the verifier runs once over ``[root, drafted…]`` with the tree mask, from its KV cache;
+  3. the rule (greedy, or lossless rejection sampling) picks each row's accepted path and next token;
+  4. the verifier cache keeps only the accepted path (compacted), the draft's speculative entries are dropped, and
+     the accepted positions' aux states become the next segment.
+Rows that finish (EOS or max_new_tokens) leave the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from speculators.decoding.cache import VerifierCache
+from speculators.decoding.drafter import Drafter, Segment
+from speculators.decoding.metrics import DecodingStats
+from speculators.decoding.sampling import sample, target_probs
+from speculators.decoding.tree import DraftTree
+from speculators.decoding.verify import RejectionSampler, Verdict, verify_greedy
+from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.verifier import capture_aux_states
+
+
+@dataclass
+class DecodingConfig:
+    """How to draft and verify. ``method``: ``chain`` (k tokens) or ``tree`` (EAGLE-2 top-k expansion)."""
+
+    method: str = "chain"
+    num_speculative_tokens: int = 3  # chain length k
+    tree_topk: int = 4  # children per expanded node, and nodes expanded per depth
+    tree_depth: int = 4  # draft steps (= maximum drafted depth)
+    tree_budget: int = 16  # drafted tokens kept in the verified tree (the verifier sees budget + 1)
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if self.method not in ("chain", "tree"):
+            raise ValueError(f"decoding method {self.method!r}: use 'chain' or 'tree'")
+        if min(self.num_speculative_tokens, self.tree_topk, self.tree_depth, self.tree_budget) < 1:
+            raise ValueError("num_speculative_tokens, tree_topk, tree_depth and tree_budget must all be >= 1")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p {self.top_p} must be in (0, 1]")
+
+    @property
+    def max_depth(self) -> int:
+        return self.num_speculative_tokens if self.method == "chain" else self.tree_depth
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # per prompt, the generated ids (prompt excluded)
+    stats: DecodingStats = field(default_factory=DecodingStats)
+
+
+# ---- the verifier side ------------------------------------------------------------------------------------------
+class VerifierRunner:
+    """Forwards through the verifier's KV cache with explicit positions and masks, timing each call."""
+
+    def __init__(self, model: nn.Module, batch: int) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cache = VerifierCache(batch, self.device)
+        self.seconds = 0.0
+        self.forwards = 0
+
+    @torch.inference_mode()
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, local: torch.Tensor, valid_new: torch.Tensor
+    ) -> torch.Tensor:
+        start = time.perf_counter()
+        mask = self.cache.attention_mask(local, self.dtype)
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=self.cache.cache,
+            use_cache=True,
+        )
+        self.cache.extend(valid_new)
+        self.seconds += time.perf_counter() - start
+        self.forwards += 1
+        return out.logits
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded prompts through the verifier. Returns ``(logits[B, P, V], ids[B, P], valid[B, P])``."""
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token (apply the chat template first)")
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
+        valid = torch.zeros(len(prompts), width, dtype=torch.bool, device=self.device)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.as_tensor(list(prompt), device=self.device)
+            valid[row, width - len(prompt) :] = True
+        positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        local = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)[
+            None
+        ]
+        return self.forward(ids, positions, local, valid), ids, valid
+
+
+def _pick(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    return sample(target_probs(logits, temperature, top_p), generator)
+
+
+class _Outputs:
+    """Per-prompt outputs and which rows of the shrinking batch are still running."""
+
+    def __init__(self, batch: int, max_new_tokens: int, eos_token_ids: Iterable[int]) -> None:
+        self.tokens: list[list[int]] = [[] for _ in range(batch)]
+        self.accepted: list[list[int]] = [[] for _ in range(batch)]
+        self.rows = list(range(batch))  # original index of each active row
+        self.max_new_tokens = max_new_tokens
+        self.eos = set(eos_token_ids)
+
+    def add(self, emitted: list[list[int]]) -> list[bool]:
+        """Append each active row's new tokens (cut at EOS / max_new_tokens); return which rows keep running."""
+        keep = []
+        for original, new in zip(self.rows, emitted, strict=True):
+            out = self.tokens[original]
+            done = False
+            for token in new:
+                out.append(token)
+                if token in self.eos or len(out) >= self.max_new_tokens:
+                    done = True
+                    break
+            keep.append(not done)
+        return keep
+
+
+def eos_ids(tokenizer_or_model: object) -> list[int]:
+    """EOS ids from a tokenizer or a model's generation config (a list or a single id)."""
+    config = getattr(tokenizer_or_model, "generation_config", None)
+    value = getattr(config, "eos_token_id", None) if config is not None else None
+    if value is None:
+        value = getattr(tokenizer_or_model, "eos_token_id", None)
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+# ---- plain decoding -------------------------------------------------------------------------------------------
+@torch.inference_mode()
+def plain_generate(
+    verifier: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    eos_token_ids: Iterable[int] = (),
+    generator: torch.Generator | None = None,
+) -> GenerationResult:
+    """Token-by-token decoding with a KV cache: the baseline for identity tests and speedups."""
+    start = time.perf_counter()
+    runner = VerifierRunner(verifier, len(prompts))
+    outputs = _Outputs(len(prompts), max_new_tokens, eos_token_ids)
+    logits, _, valid = runner.prefill(prompts)
+    token = _pick(logits[:, -1], temperature, top_p, generator)
+    position = valid.long().sum(dim=1)
+    one = torch.ones(len(prompts), 1, 1, dtype=torch.bool, device=runner.device)
+    while True:
+        keep = torch.tensor(outputs.add([[t] for t in token.tolist()]), device=runner.device)
+        if not bool(keep.all()):
+            rows = keep.nonzero()[:, 0]
+            outputs.rows = [r for r, k in zip(outputs.rows, keep.tolist(), strict=True) if k]
+            if not outputs.rows:
+                break
+            runner.cache.select_rows(rows)
+            token, position, one = token[rows], position[rows], one[rows]
+        logits = runner.forward(token[:, None], position[:, None], one, one[:, :, 0])
+        token = _pick(logits[:, -1], temperature, top_p, generator)
+        position = position + 1
+    stats = DecodingStats(
+        generated=[len(t) for t in outputs.tokens],
+        wall_s=time.perf_counter() - start,
+        verifier_s=runner.seconds,
+        verifier_forwards=runner.forwards,
+    )
+    return GenerationResult(tokens=outputs.tokens, stats=stats)
+
+
+# ---- speculative decoding -------------------------------------------------------------------------------------
+class SpeculativeDecoder:
+    """A verifier (HF causal LM) and an EAGLE-3 draft; ``generate`` decodes one batch of tokenised prompts."""
+
+    def __init__(
+        self,
+        verifier: nn.Module,
+        draft: Eagle3DraftModel,
+        config: DecodingConfig | None = None,
+        sampler: RejectionSampler | None = None,
+    ) -> None:
+        self.verifier = verifier
+        self.draft = draft.eval()
+        self.config = config or DecodingConfig()
+        self.sampler = sampler or RejectionSampler()
+        self.aux_layer_ids = list(draft.config.eagle_aux_hidden_state_layer_ids)
+        verifier_vocab = verifier.get_output_embeddings().weight.shape[0]
+        if draft.config.vocab_size != verifier_vocab:
+            raise ValueError(
+                f"the draft was built for a {draft.config.vocab_size}-token verifier vocabulary but this verifier "
+                f"has {verifier_vocab}; pass the verifier the draft was trained against"
+            )
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        eos_token_ids: Iterable[int] = (),
+        generator: torch.Generator | None = None,
+    ) -> GenerationResult:
+        cfg = self.config
+        start = time.perf_counter()
+        runner = VerifierRunner(self.verifier, len(prompts))
+        drafter = Drafter(self.draft, len(prompts), runner.device)
+        outputs = _Outputs(len(prompts), cfg.max_new_tokens, eos_token_ids)
+        with ExitStack() as stack:
+            box = stack.enter_context(capture_aux_states(self.verifier, self.aux_layer_ids))
+            logits, ids, valid = runner.prefill(prompts)
+            root = _pick(logits[:, -1], cfg.temperature, cfg.top_p, generator)
+            positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+            segment = Segment(box["states"].aux, torch.cat([ids[:, 1:], root[:, None]], 1), positions, valid)
+            root_position = valid.long().sum(dim=1)
+            keep = outputs.add([[t] for t in root.tolist()])
+            while True:
+                if not all(keep):
+                    rows = torch.tensor([i for i, k in enumerate(keep) if k], device=runner.device)
+                    outputs.rows = [r for r, k in zip(outputs.rows, keep, strict=True) if k]
+                    if not outputs.rows:
+                        break
+                    runner.cache.select_rows(rows)
+                    drafter.select_rows(rows)
+                    segment, root, root_position = segment.select_rows(rows), root[rows], root_position[rows]
+                tree = self._draft(drafter, segment, root, generator)
+                verdict, aux = self._verify(runner, box, tree, root_position, generator)
+                segment = self._commit(runner, tree, verdict, aux, root_position)
+                for original, count in zip(outputs.rows, verdict.num_accepted.tolist(), strict=True):
+                    outputs.accepted[original].append(count)
+                keep = outputs.add(verdict.emitted(tree))
+                root = verdict.next_token
+                root_position = root_position + verdict.num_accepted + 1
+        stats = DecodingStats(
+            max_depth=cfg.max_depth,
+            accepted=outputs.accepted,
+            generated=[len(t) for t in outputs.tokens],
+            wall_s=time.perf_counter() - start,
+            verifier_s=runner.seconds,
+            draft_s=drafter.seconds,
+            verifier_forwards=runner.forwards,
+            draft_forwards=drafter.forwards,
+        )
+        return GenerationResult(tokens=outputs.tokens, stats=stats)
+
+    def _draft(
+        self, drafter: Drafter, segment: Segment, root: torch.Tensor, generator: torch.Generator | None
+    ) -> DraftTree:
+        cfg = self.config
+        if cfg.method == "chain":
+            return drafter.chain(
+                segment, root, cfg.num_speculative_tokens, cfg.temperature, cfg.top_p, generator
+            )
+        return drafter.tree(segment, root, cfg.tree_topk, cfg.tree_depth, cfg.tree_budget)
+
+    def _verify(
+        self,
+        runner: VerifierRunner,
+        box: dict,
+        tree: DraftTree,
+        root_position: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> tuple[Verdict, torch.Tensor]:
+        """One verifier forward over the tree; returns the verdict and the tree's aux states ``[B, N, n_aux*H]``."""
+        positions = root_position[:, None] + tree.depths
+        valid_new = torch.ones_like(tree.tokens, dtype=torch.bool)
+        logits = runner.forward(tree.tokens, positions, tree.ancestor_mask(), valid_new)
+        aux = box["states"].aux
+        if self.config.temperature <= 0:
+            return verify_greedy(tree, logits), aux
+        probs = target_probs(logits, self.config.temperature, self.config.top_p)
+        return self.sampler.verify(tree, probs, generator), aux
+
+    @staticmethod
+    def _commit(
+        runner: VerifierRunner,
+        tree: DraftTree,
+        verdict: Verdict,
+        aux: torch.Tensor,
+        root_position: torch.Tensor,
+    ) -> Segment:
+        """Keep the accepted path in the verifier cache; its positions become the draft's next segment."""
+        width = int(verdict.num_accepted.max()) + 1
+        path = verdict.path[:, :width]
+        keep = torch.arange(width, device=path.device)[None] <= verdict.num_accepted[:, None]
+        runner.cache.keep_path(runner.cache.length - tree.num_nodes, path, keep)
+        tokens = torch.cat([tree.tokens.gather(1, path[:, 1:]), verdict.next_token[:, None]], dim=1)
+        tokens.scatter_(1, verdict.num_accepted[:, None], verdict.next_token[:, None])
+        features = aux.gather(1, path[:, :, None].expand(-1, -1, aux.shape[-1]))
+        positions = root_position[:, None] + torch.arange(width, device=path.device)[None]
+        return Segment(features, tokens, positions, keep)

@@ -1,0 +1,1 @@
+"""Evaluation of a draft with the decoding engine: prompts, acceptance, speedup, plots (``speculators eval``)."""

@@ -1,0 +1,45 @@
+"""Fixtures for the decoding tests: small models built in memory, and tokenised chat prompts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def tiny_model(vocab_size: int = 512, seed: int = 0, arch: str = "llama", **overrides):
+    """A random fp32 verifier held in memory (sdpa attention)."""
+    from transformers import AutoModelForCausalLM
+
+    from speculators.verifier import tiny_verifier_config
+
+    torch.manual_seed(seed)
+    config = tiny_verifier_config(arch, vocab_size=vocab_size, **overrides)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval().requires_grad_(False)
+
+
+def random_draft(verifier, draft_vocab_size: int | None = None, seed: int = 1, target_ids=None):
+    """A random EAGLE-3 draft for ``verifier`` (optionally with a reduced vocabulary mapped to ``target_ids``)."""
+    from speculators.format.config import Eagle3Config
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    torch.manual_seed(seed)
+    config = Eagle3Config.from_verifier(
+        verifier.config.to_dict(), "in-memory", draft_vocab_size=draft_vocab_size, torch_dtype="float32"
+    )
+    draft = Eagle3DraftModel(config).eval().requires_grad_(False)
+    if target_ids is not None:
+        target_ids = torch.as_tensor(target_ids)
+        t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+        t2d[target_ids] = True
+        draft.set_vocab(target_ids - torch.arange(len(target_ids)), t2d)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(verifier.get_input_embeddings().weight)
+    return draft
+
+
+@pytest.fixture(scope="session")
+def chat_prompts(smollm2_tokenizer) -> list[list[int]]:
+    """The shipped default prompt set, rendered with SmolLM2's chat template."""
+    from speculators.eval.prompts import load_prompts, render_prompts
+
+    return render_prompts(smollm2_tokenizer, load_prompts(None))
