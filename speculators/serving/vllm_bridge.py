@@ -1,0 +1,206 @@
+"""Serving our checkpoints with vLLM (the real consumer), from the training environment.
+
+vLLM-on-CPU pins its own torch and transformers, so it lives in ``.venv-vllm`` (``make vllm-env``) and runs through
+the standalone ``vllm_worker.py`` script; this module never imports vLLM. One call may carry several
+:class:`VllmRequest` s: they run one after another in a single worker process, paying vLLM's import once.
+
+    result = generate_with_vllm(VllmRequest(model=draft_dir, prompts=[[{"role": "user", "content": "Hi"}]]))
+    result.texts, result.token_ids, result.spec.mean_acceptance_length
+
+Three ways to name the model: a speculators draft directory (vLLM reads the verifier from its config and turns
+speculative decoding on), a verifier plus ``speculative_config`` (see :func:`eagle3_speculative_config`), or a plain
+verifier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speculators.serving.worker_process import (
+    ConsumerUnavailable,
+    WorkerError,
+    consumer_python,
+    python_has_module,
+    run_json_worker,
+)
+
+VLLM_PYTHON_ENV = "SPECULATORS_VLLM_PYTHON"
+VLLM_VENV = ".venv-vllm"
+WORKER_SCRIPT = Path(__file__).with_name("vllm_worker.py")
+DEFAULT_TIMEOUT_S = 1800.0
+
+# A chat-message list (rendered with the tokenizer's chat template), token ids, or plain text.
+Prompt = list[dict[str, str]] | list[int] | str
+
+
+class VllmError(WorkerError):
+    """vLLM failed to load or generate; the message carries vLLM's error and the tail of its log."""
+
+
+@dataclass
+class VllmRequest:
+    """One engine configuration and the prompts to generate for.
+
+    ``dtype`` float32 makes greedy outputs comparable token for token with other fp32 engines; bf16 is vLLM's
+    normal serving dtype. On CPU the KV cache gets ``kv_cache_gib`` (default 1 GiB) of RAM; on CUDA
+    ``gpu_memory_utilization`` (default 0.85) applies. ``warmup`` runs one short untimed generation first.
+    """
+
+    model: str | Path
+    prompts: list[Prompt]
+    speculative_config: dict[str, Any] | None = None
+    max_tokens: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+    dtype: str = "bfloat16"
+    ignore_eos: bool = False
+    max_model_len: int = 2048
+    kv_cache_gib: float | None = None
+    gpu_memory_utilization: float | None = None
+    warmup: bool = False
+    tokenizer: str | None = None
+    name: str = ""
+
+    def to_job(self) -> dict[str, Any]:
+        job = asdict(self)
+        job["model"] = str(self.model)
+        if self.speculative_config:
+            job["speculative_config"] = {
+                k: (str(v) if isinstance(v, Path) else v) for k, v in self.speculative_config.items()
+            }
+        return job
+
+
+@dataclass
+class SpecDecodeMetrics:
+    """vLLM's speculative-decoding counters for one generation call (``llm.get_metrics()``, diffed around it)."""
+
+    num_speculative_tokens: int
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: list[int]
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verifier step, as vLLM logs it: ``1 + accepted / drafts``."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (vLLM's "Avg Draft acceptance rate")."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else float("nan")
+
+    @property
+    def per_position_acceptance_rate(self) -> list[float]:
+        """For each draft position i: the fraction of drafts whose first i+1 tokens were accepted."""
+        if not self.num_drafts:
+            return []
+        return [count / self.num_drafts for count in self.accepted_per_position]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_rate": self.acceptance_rate,
+            "per_position_acceptance_rate": self.per_position_acceptance_rate,
+        }
+
+
+@dataclass
+class VllmResult:
+    """What one request produced: per prompt the prompt ids, generated ids and text; timing; draft metrics."""
+
+    name: str
+    prompt_token_ids: list[list[int]]
+    token_ids: list[list[int]]
+    texts: list[str]
+    finish_reasons: list[str | None]
+    engine_seconds: float
+    wall_seconds: float
+    num_generated_tokens: int
+    tokens_per_second: float
+    spec: SpecDecodeMetrics | None
+    vllm_version: str = ""
+    device: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_job(cls, job: dict[str, Any], vllm_version: str, device: str) -> VllmResult:
+        spec = job.get("spec")
+        return cls(
+            name=job.get("name", ""),
+            prompt_token_ids=job["prompt_token_ids"],
+            token_ids=job["token_ids"],
+            texts=job["texts"],
+            finish_reasons=job["finish_reasons"],
+            engine_seconds=float(job["engine_seconds"]),
+            wall_seconds=float(job["wall_seconds"]),
+            num_generated_tokens=int(job["num_generated_tokens"]),
+            tokens_per_second=float(job["tokens_per_second"] or 0.0),
+            spec=SpecDecodeMetrics(**spec) if spec else None,
+            vllm_version=vllm_version,
+            device=device,
+            raw=job,
+        )
+
+
+def eagle3_speculative_config(draft_dir: str | Path, num_speculative_tokens: int = 3) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for serving a verifier with one of our EAGLE-3 drafts."""
+    return {
+        "method": "eagle3",
+        "model": str(draft_dir),
+        "num_speculative_tokens": int(num_speculative_tokens),
+    }
+
+
+def vllm_python() -> Path:
+    """The vLLM virtualenv's interpreter (``$SPECULATORS_VLLM_PYTHON`` or ``<repo>/.venv-vllm/bin/python``)."""
+    return consumer_python(VLLM_PYTHON_ENV, VLLM_VENV, "vllm-env")
+
+
+def vllm_available() -> bool:
+    """Whether the vLLM virtualenv exists and has vLLM installed (cheap: vLLM is not imported)."""
+    try:
+        python = vllm_python()
+    except ConsumerUnavailable:
+        return False
+    return python_has_module(str(python), "vllm")
+
+
+def run_vllm(
+    requests: Sequence[VllmRequest], timeout: float = DEFAULT_TIMEOUT_S, log_path: str | Path | None = None
+) -> list[VllmResult]:
+    """Run every request, in order, in ONE vLLM worker process (one vLLM import; one engine at a time).
+
+    Raises :class:`ConsumerUnavailable` naming ``make vllm-env`` when the virtualenv is missing, and
+    :class:`VllmError` (with vLLM's error and log tail) when any request fails.
+    """
+    if not requests:
+        return []
+    python = vllm_python()
+    payload = {"jobs": [request.to_job() for request in requests]}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # in-process engine: starts in seconds, not tens of seconds
+    try:
+        result = run_json_worker(
+            python,
+            WORKER_SCRIPT,
+            payload,
+            timeout,
+            "the vLLM worker",
+            Path(log_path) if log_path else None,
+            env,
+        )
+    except WorkerError as exc:
+        raise VllmError(str(exc)) from None
+    return [VllmResult.from_job(job, result["vllm_version"], result["device"]) for job in result["jobs"]]
+
+
+def generate_with_vllm(
+    request: VllmRequest, timeout: float = DEFAULT_TIMEOUT_S, log_path: str | Path | None = None
+) -> VllmResult:
+    """Start one vLLM engine for ``request``, generate, and return texts, ids, timing and draft metrics."""
+    return run_vllm([request], timeout=timeout, log_path=log_path)[0]

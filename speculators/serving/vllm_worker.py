@@ -1,0 +1,233 @@
+"""Standalone vLLM worker: runs inside the vLLM virtualenv, NOT inside the speculators package.
+
+Usage: ``python vllm_worker.py REQUEST.json RESULT.json``. It imports only the standard library and vLLM (which
+pins its own torch and transformers, incompatible with the training environment), so it must never import
+``speculators``. The request holds a list of jobs; each job starts one engine, generates, reads vLLM's metrics and
+frees the engine, so one process (one vLLM import, ~5 s) serves several configurations.
+
+Request: ``{"jobs": [{"name", "model", "speculative_config", "prompts", "max_tokens", "temperature", "seed",
+"dtype", "ignore_eos", "max_model_len", "kv_cache_gib", "gpu_memory_utilization", "warmup"}, ...]}``; a prompt is a
+chat-message list (rendered with the tokenizer's chat template), a token-id list, or a plain string.
+Result: ``{"vllm_version", "device", "jobs": [...]}``, rewritten after every job so a crash keeps earlier results.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+# Facts measured on CPU (ENVIRONMENT.md): in-process engine starts in 5-7 s instead of 25-42 s; nothing may reach
+# a hub; per-step stats must be on for the speculative-decoding counters.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SPEC_METRICS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+PER_POSITION_METRIC = "vllm:spec_decode_num_accepted_tokens_per_pos"
+CPU_DEFAULT_KV_CACHE_GIB = 1.0
+CUDA_DEFAULT_MEMORY_UTILIZATION = 0.85
+
+
+def on_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
+    """LLM(...) arguments. On CPU ``gpu_memory_utilization`` means a fraction of RAM (the default 0.92 fails), so we
+    reserve an explicit KV-cache size instead, which also skips the engine's warm-up pass."""
+    kwargs: dict[str, Any] = {
+        "model": job["model"],
+        "dtype": job.get("dtype", "bfloat16"),
+        "seed": int(job.get("seed", 0)),
+        "enforce_eager": True,
+        "disable_log_stats": False,
+        "max_model_len": int(job.get("max_model_len") or 2048),
+    }
+    if job.get("tokenizer"):
+        kwargs["tokenizer"] = job["tokenizer"]
+    if job.get("speculative_config"):
+        kwargs["speculative_config"] = dict(job["speculative_config"])
+    if on_cuda():
+        kwargs["gpu_memory_utilization"] = float(
+            job.get("gpu_memory_utilization") or CUDA_DEFAULT_MEMORY_UTILIZATION
+        )
+    elif job.get("gpu_memory_utilization"):
+        kwargs["gpu_memory_utilization"] = float(job["gpu_memory_utilization"])
+    else:
+        kwargs["kv_cache_memory_bytes"] = int(
+            float(job.get("kv_cache_gib") or CPU_DEFAULT_KV_CACHE_GIB) * 2**30
+        )
+    return kwargs
+
+
+def render_prompts(llm: Any, prompts: list[Any]) -> list[list[int]]:
+    """Token ids of every prompt: chat lists through the chat template, strings as plain text, ids unchanged."""
+    tokenizer = llm.get_tokenizer()
+    rendered = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            rendered.append(list(tokenizer.encode(prompt, add_special_tokens=True)))
+        elif prompt and all(isinstance(t, int) for t in prompt):
+            rendered.append([int(t) for t in prompt])
+        elif prompt and all(isinstance(m, dict) for m in prompt):
+            text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            rendered.append(list(tokenizer.encode(text, add_special_tokens=False)))
+        else:
+            raise ValueError(f"prompt {prompt!r:.80}: use a chat-message list, a token-id list or a string")
+    return rendered
+
+
+def spec_counters(llm: Any) -> dict[str, Any]:
+    """The cumulative speculative-decoding counters (zeros when the engine has no drafter)."""
+    counts: dict[str, Any] = {key: 0 for key in SPEC_METRICS.values()}
+    counts["accepted_per_position"] = []
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_METRICS:
+            counts[SPEC_METRICS[metric.name]] += int(metric.value)
+        elif metric.name == PER_POSITION_METRIC:
+            counts["accepted_per_position"] = add_vectors(counts["accepted_per_position"], metric.values)
+    return counts
+
+
+def add_vectors(a: list[int], b: list[int], sign: int = 1) -> list[int]:
+    """Element-wise ``a + sign * b``, padding the shorter with zeros."""
+    width = max(len(a), len(b))
+    a, b = list(a) + [0] * (width - len(a)), list(b) + [0] * (width - len(b))
+    return [int(x) + sign * int(y) for x, y in zip(a, b, strict=True)]
+
+
+def counter_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    delta = {key: after[key] - before[key] for key in SPEC_METRICS.values()}
+    delta["accepted_per_position"] = add_vectors(
+        after["accepted_per_position"], before["accepted_per_position"], -1
+    )
+    return delta
+
+
+def with_width(counts: dict[str, Any], num_speculative_tokens: int) -> dict[str, Any]:
+    """Pad the per-position counts to k entries (positions never reached stay 0) and record k."""
+    counts["accepted_per_position"] = add_vectors(
+        counts["accepted_per_position"], [0] * num_speculative_tokens
+    )
+    counts["num_speculative_tokens"] = num_speculative_tokens
+    return counts
+
+
+def num_speculative_tokens(llm: Any) -> int:
+    config = llm.llm_engine.vllm_config.speculative_config
+    return int(config.num_speculative_tokens) if config is not None else 0
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    started = time.perf_counter()
+    llm = LLM(**engine_kwargs(job))
+    engine_seconds = time.perf_counter() - started
+    try:
+        prompt_ids = render_prompts(llm, job["prompts"])
+        params = SamplingParams(
+            max_tokens=int(job.get("max_tokens", 64)),
+            temperature=float(job.get("temperature", 0.0)),
+            seed=int(job.get("seed", 0)) if float(job.get("temperature", 0.0)) > 0 else None,
+            ignore_eos=bool(job.get("ignore_eos", False)),
+        )
+        inputs = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+        if job.get("warmup"):
+            llm.generate(inputs[:1], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
+        before = spec_counters(llm)
+        t0 = time.perf_counter()
+        outputs = llm.generate(inputs, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        k = num_speculative_tokens(llm)
+        spec = with_width(counter_delta(spec_counters(llm), before), k) if k else None
+        token_ids = [list(out.outputs[0].token_ids) for out in outputs]
+        generated = sum(len(ids) for ids in token_ids)
+        return {
+            "name": job.get("name", ""),
+            "ok": True,
+            "model": job["model"],
+            "speculative_config": job.get("speculative_config"),
+            "prompt_token_ids": prompt_ids,
+            "token_ids": token_ids,
+            "texts": [out.outputs[0].text for out in outputs],
+            "finish_reasons": [out.outputs[0].finish_reason for out in outputs],
+            "engine_seconds": engine_seconds,
+            "wall_seconds": wall,
+            "num_generated_tokens": generated,
+            "tokens_per_second": generated / wall if wall > 0 else None,
+            "spec": spec,
+        }
+    finally:
+        release(llm)
+
+
+def release(llm: Any) -> None:
+    """Free one engine so the next job can start in the same process."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - best effort: the engine may already be gone
+        pass
+    del llm
+    gc.collect()
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def write_atomic(path: Path, payload: dict[str, Any]) -> None:
+    temp = path.with_name(f".{path.name}.partial")
+    temp.write_text(json.dumps(payload, indent=1))
+    temp.replace(path)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: vllm_worker.py REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    request = json.loads(Path(argv[1]).read_text())
+    result_path = Path(argv[2])
+    import vllm
+
+    result: dict[str, Any] = {
+        "vllm_version": vllm.__version__,
+        "device": "cuda" if on_cuda() else "cpu",
+        "jobs": [],
+    }
+    for job in request["jobs"]:
+        try:
+            result["jobs"].append(run_job(job))
+        except Exception as exc:  # noqa: BLE001 - reported to the caller with the traceback
+            result["jobs"].append(
+                {
+                    "name": job.get("name", ""),
+                    "ok": False,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(),
+                }
+            )
+            write_atomic(result_path, result)
+            return 1
+        write_atomic(result_path, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

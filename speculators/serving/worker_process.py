@@ -1,0 +1,134 @@
+"""Running a standalone worker script in another virtualenv and exchanging JSON files with it.
+
+The external consumers (vLLM on CPU, the ``speculators`` package) pin a torch/transformers stack that cannot live
+beside ours, so each runs in its own virtualenv. We talk to them only through a request file and a result file:
+no imports cross the boundary, and a crash in the consumer becomes a clear error here with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOG_TAIL_LINES = 60
+
+
+class ConsumerUnavailable(FileNotFoundError):
+    """The virtualenv of an external consumer is missing (create it with the named make target)."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed; the message carries its error and the tail of its log."""
+
+
+def consumer_python(env_var: str, venv_name: str, make_target: str) -> Path:
+    """The interpreter of a consumer virtualenv: ``$env_var`` if set, else ``<repo>/<venv_name>/bin/python``."""
+    override = os.environ.get(env_var)
+    python = Path(override) if override else REPO_ROOT / venv_name / "bin" / "python"
+    if not python.exists():
+        origin = f"${env_var}" if override else f"the default {venv_name}"
+        raise ConsumerUnavailable(
+            f"{python} does not exist ({origin}): run `make {make_target}` in {REPO_ROOT} to create it, "
+            f"or point {env_var} at a Python that has it installed"
+        )
+    return python
+
+
+@cache
+def python_has_module(python: str, module: str) -> bool:
+    """Whether ``python`` can find ``module`` (without importing it: vLLM's import alone takes seconds)."""
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Our environment minus what would leak our virtualenv into theirs, plus offline settings."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(extra or {})
+    return env
+
+
+def run_json_worker(
+    python: Path,
+    script: Path,
+    request: dict[str, Any],
+    timeout: float,
+    what: str,
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``python script REQUEST.json RESULT.json`` and return the parsed result.
+
+    The worker's stdout/stderr go to a log file (``log_path`` if given, else a temporary one that is removed on
+    success). A non-zero exit, a timeout or a missing result raises :class:`WorkerError` naming the log.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="speculators-worker-"))
+    request_path, result_path = workdir / "request.json", workdir / "result.json"
+    log = Path(log_path) if log_path else workdir / "worker.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    request_path.write_text(json.dumps(request))
+    failure = None
+    try:
+        with open(log, "w") as handle:
+            completed = subprocess.run(
+                [str(python), str(script), str(request_path), str(result_path)],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=worker_environment(env),
+                timeout=timeout,
+                cwd=workdir,
+            )
+        if completed.returncode != 0:
+            failure = f"exited with status {completed.returncode}"
+    except subprocess.TimeoutExpired:
+        failure = f"did not finish within {timeout:.0f} s and was killed"
+    result = json.loads(result_path.read_text()) if result_path.exists() else None
+    if failure is None and result is None:
+        failure = "wrote no result file"
+    if failure is not None:
+        kept = _keep_log(log, workdir)
+        raise WorkerError(f"{what} {failure}{_job_error(result)}; log {kept}:\n{_tail(kept)}")
+    if log_path is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def _job_error(result: dict[str, Any] | None) -> str:
+    """The first failed job's error, if the worker got as far as reporting it."""
+    for job in (result or {}).get("jobs", []):
+        if not job.get("ok", True):
+            return f" in job {job.get('name')!r}: {job.get('error')}\n{job.get('traceback', '')}"
+    if result and result.get("error"):
+        return f": {result['error']}\n{result.get('traceback', '')}"
+    return ""
+
+
+def _keep_log(log: Path, workdir: Path) -> Path:
+    """Move a temporary log out of the work directory so it survives for inspection."""
+    if log.parent != workdir:
+        return log
+    kept = Path(tempfile.gettempdir()) / f"{workdir.name}.log"
+    shutil.move(str(log), kept)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return kept
+
+
+def _tail(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-LOG_TAIL_LINES:])
