@@ -1,6 +1,11 @@
 """Bridges to the external consumers of our checkpoints (vLLM, the ``speculators`` package), each run in its own
 virtualenv through a standalone worker script; nothing here imports them."""
 
+from speculators.serving.speculators_package import (
+    load_with_speculators_package,
+    speculators_package_available,
+    tensor_digest,
+)
 from speculators.serving.vllm_bridge import (
     SpecDecodeMetrics,
     VllmError,
@@ -23,7 +28,10 @@ __all__ = [
     "WorkerError",
     "eagle3_speculative_config",
     "generate_with_vllm",
+    "load_with_speculators_package",
     "run_vllm",
+    "speculators_package_available",
+    "tensor_digest",
     "vllm_available",
     "vllm_python",
 ]

@@ -1,0 +1,61 @@
+"""Loading our checkpoints with the upstream ``speculators`` package (the second consumer), from our environment.
+
+``speculators==0.9.0`` lives in ``.venv-speculators`` (``make speculators-env``) because its torch/transformers
+pins differ from ours, and because its import name collides with our package. The standalone
+``speculators_package_worker.py`` loads a checkpoint there with ``SpeculatorModel.from_pretrained`` (offline) and
+reports what it loaded; :func:`tensor_digest` computes the same digest here so weights can be compared exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speculators.serving.worker_process import (
+    ConsumerUnavailable,
+    consumer_python,
+    python_has_module,
+    run_json_worker,
+)
+
+SPECULATORS_PKG_PYTHON_ENV = "SPECULATORS_PKG_PYTHON"
+SPECULATORS_PKG_VENV = ".venv-speculators"
+WORKER_SCRIPT = Path(__file__).with_name("speculators_package_worker.py")
+
+
+def speculators_package_python() -> Path:
+    """The interpreter of the virtualenv holding ``speculators==0.9.0`` (``$SPECULATORS_PKG_PYTHON`` overrides)."""
+    return consumer_python(SPECULATORS_PKG_PYTHON_ENV, SPECULATORS_PKG_VENV, "speculators-env")
+
+
+def speculators_package_available() -> bool:
+    """Whether that virtualenv exists and has the package (not imported: cheap)."""
+    try:
+        python = speculators_package_python()
+    except ConsumerUnavailable:
+        return False
+    return python_has_module(str(python), "speculators")
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """sha256 of the tensor as float32 (floating) or int64 (integer/bool) bytes: equal iff the values are equal,
+    whatever dtype each side stores (bf16 → fp32 is exact). The worker computes the same."""
+    wide = torch.float32 if tensor.is_floating_point() else torch.int64
+    return hashlib.sha256(tensor.detach().to("cpu", wide).contiguous().numpy().tobytes()).hexdigest()
+
+
+def load_with_speculators_package(draft_dir: str | Path, timeout: float = 600.0) -> dict[str, Any]:
+    """Load ``draft_dir`` with ``speculators.SpeculatorModel.from_pretrained`` in the package's virtualenv.
+
+    Returns ``{"ok", "speculators_version", "load_seconds", "class", "config_class", "layer_model_type",
+    "draft_vocab_size", "vocab_size", "norm_before_residual", "aux_layer_ids", "speculative_tokens", "verifier",
+    "tensors": {name: {"shape", "dtype", "sha256", "has_nan"}}}``. Raises :class:`ConsumerUnavailable` naming
+    ``make speculators-env`` when the virtualenv is missing and ``WorkerError`` with the package's traceback when
+    it refuses the checkpoint.
+    """
+    python = speculators_package_python()
+    request = {"model": str(Path(draft_dir).resolve())}
+    return run_json_worker(python, WORKER_SCRIPT, request, timeout, "the speculators package")
