@@ -31,7 +31,7 @@ import torch
 from speculators.export.exporter import EXPORT_DTYPES, load_verifier_config
 from speculators.export.model_card import CardInfo, render_model_card
 from speculators.export.sources import read_config, read_weights
-from speculators.export.tensors import standard_tensors, warn
+from speculators.export.tensors import ascending_aux_layers, standard_tensors, warn
 from speculators.export.writer import write_validated
 from speculators.format.config import (
     Eagle3Config,
@@ -396,6 +396,7 @@ def convert_checkpoint(
     weights = standard_tensors(
         tensors, config_dict, resolve_dtype(dtype), verifier_dir=verifier_path, where=where
     )
+    config_dict, weights = ascending_aux_layers(config_dict, weights, where)
     extra = {}
     if model_card:
         extra["README.md"] = render_model_card(

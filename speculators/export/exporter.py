@@ -17,7 +17,7 @@ import torch
 from speculators.export.model_card import CardInfo, find_eval_artifacts, render_model_card, training_summary
 from speculators.export.run_dir import TrainerCheckpoint, locate_checkpoint, recipe_value, step_dirs
 from speculators.export.sources import read_config
-from speculators.export.tensors import detect_prefix, standard_tensors, unprefixed
+from speculators.export.tensors import ascending_aux_layers, detect_prefix, standard_tensors, unprefixed
 from speculators.export.writer import write_validated
 from speculators.format.config import Eagle3Config, ProposalMethod, VerifierRef
 from speculators.format.validate import Finding
@@ -96,6 +96,7 @@ def export_checkpoint(
     weights = standard_tensors(
         tensors, config_dict, resolve_dtype(dtype), verifier_dir=verifier_path, where=checkpoint.label
     )
+    config_dict, weights = ascending_aux_layers(config_dict, weights, checkpoint.label)
     extra: dict[str, str | bytes | Path] = {}
     if model_card:
         evals = find_eval_artifacts(checkpoint.run_dir)

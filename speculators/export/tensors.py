@@ -186,3 +186,44 @@ def standard_tensors(
         if name not in ("d2t", "t2d"):
             out[name] = tensor.detach().to(dtype).contiguous()
     return out
+
+
+def ascending_aux_layers(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Put the aux layers in ascending order, permuting ``fc`` (and ``input_norm``/``fc_norm``) to match.
+
+    vLLM captures the aux states as ``sorted(set(ids))`` and concatenates them in that order, whatever order the
+    config lists: a draft trained on ``[16, 2, 29]`` would silently read its features shuffled. Repeated ids are
+    collapsed by vLLM too, so ``fc`` then gets fewer features than it was trained on and the engine fails; that
+    case is warned about (the fix is distinct ids at training time).
+    """
+    ids = [int(i) for i in config.get("eagle_aux_hidden_state_layer_ids") or []]
+    if len(set(ids)) != len(ids):
+        warn(
+            f"{where}: aux layer ids {ids} repeat a layer; vLLM captures each layer once (sorted, de-duplicated), "
+            f"so fc would get {len(set(ids))} states instead of {len(ids)} and vLLM fails to run this draft. "
+            "Train with distinct ids (a verifier with at least 8 layers for the default [2, L//2, L-3])."
+        )
+        return config, tensors
+    order = sorted(range(len(ids)), key=lambda i: ids[i])
+    if order == list(range(len(ids))):
+        return config, tensors
+    width = tensors["fc.weight"].shape[1] // len(ids)
+
+    def blocks(t: torch.Tensor, dim: int) -> torch.Tensor:
+        return torch.cat([t.narrow(dim, i * width, width) for i in order], dim=dim).contiguous()
+
+    tensors = dict(tensors)
+    tensors["fc.weight"] = blocks(tensors["fc.weight"], 1)
+    if "input_norm.weight" in tensors:
+        tensors["input_norm.weight"] = blocks(tensors["input_norm.weight"], 0)
+    if "fc_norm.0.weight" in tensors:
+        norms = [tensors.pop(f"fc_norm.{i}.weight") for i in range(len(ids))]
+        tensors.update({f"fc_norm.{new}.weight": norms[old] for new, old in enumerate(order)})
+    config = {**config, "eagle_aux_hidden_state_layer_ids": sorted(ids)}
+    warn(
+        f"{where}: aux layer ids {ids} were not ascending; vLLM concatenates the states in ascending order, so the "
+        f"ids became {sorted(ids)} and fc's column blocks were permuted to match (the draft computes the same)"
+    )
+    return config, tensors

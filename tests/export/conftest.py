@@ -173,13 +173,25 @@ def write_specforge(directory: Path, model: Eagle3DraftModel, aux_ids: list[int]
     return directory
 
 
+# Every test verifier has 8 layers (distinct default aux ids [2, 4, 5]: vLLM collapses repeated ids, which the
+# 6-layer shared fixtures would give) and heads of 32 (vLLM's CPU attention has no head size 16).
+SERVABLE_SHAPE = {"num_hidden_layers": 8, "num_attention_heads": 2, "num_key_value_heads": 1}
+
+
 @pytest.fixture(scope="session")
-def verifier_dir(tiny_llama_dir) -> Path:
-    """The random 6-layer Llama verifier (SmolLM2 tokenizer, vocab 49152, hidden 64)."""
-    return tiny_llama_dir
+def verifier_dir(tmp_path_factory, smollm2_tokenizer) -> Path:
+    """A random 8-layer Llama verifier with SmolLM2's tokenizer (vocab 49152, hidden 64)."""
+    return build_tiny_verifier(
+        tmp_path_factory.mktemp("verifiers") / "llama8",
+        tokenizer=smollm2_tokenizer,
+        vocab_size=len(smollm2_tokenizer),
+        **SERVABLE_SHAPE,
+    )
 
 
 @pytest.fixture(scope="session")
 def small_verifier_dir(tmp_path_factory) -> Path:
-    """A 1000-token verifier without a tokenizer, for tests that never tokenize (ZeRO, conversion details)."""
-    return build_tiny_verifier(tmp_path_factory.mktemp("verifiers") / "small-llama", vocab_size=1000)
+    """A 1000-token 8-layer verifier without a tokenizer, for tests that never tokenize."""
+    return build_tiny_verifier(
+        tmp_path_factory.mktemp("verifiers") / "small-llama8", vocab_size=1000, **SERVABLE_SHAPE
+    )

@@ -79,7 +79,7 @@ def test_original_eagle3_layout_converts(tmp_path, original_draft, small_verifie
     config, tensors = load_checkpoint(tmp_path / "out")
     assert "model_type" not in config and config["architectures"] == ["Eagle3Speculator"]
     assert config["norm_before_residual"] is False  # EAGLE-3's layer 0 adds the un-normed hidden state
-    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]  # vLLM's default for L = 6, no shift
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # vLLM's default for L = 8, no shift
     assert config["transformer_layer_config"]["max_position_embeddings"] == 1024  # the verifier's, not 256
     assert config["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
     assert not any(n.startswith("midlayer.") for n in tensors)
@@ -91,14 +91,14 @@ def test_original_layout_in_bf16_and_top_level_ids_shifted_on_request(
 ):
     src = write_eagle3_original(tmp_path / "src", original_draft)
     config = read_config(src)
-    config["eagle_aux_hidden_state_layer_ids"] = [1, 2, 2]
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 3, 4]
     (src / "config.json").write_text(json.dumps(config))
-    with pytest.warns(ExportWarning, match=r"output-of-layer.*\[2, 3, 3\]"):
+    with pytest.warns(ExportWarning, match=r"output-of-layer.*\[2, 4, 5\]"):
         convert_checkpoint(
             src, tmp_path / "out", verifier=str(small_verifier_dir), aux_convention="output-of-layer"
         )
     out_config, tensors = load_checkpoint(tmp_path / "out")
-    assert out_config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+    assert out_config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     assert tensors["fc.weight"].dtype == torch.bfloat16 and out_config["torch_dtype"] == "bfloat16"
     assert torch.equal(tensors["fc.weight"], original_draft.fc.weight.detach().to(torch.bfloat16))
 
@@ -117,12 +117,12 @@ def test_verifier_rope_scaling_is_copied(tmp_path, original_draft):
 
 # ---- SpecForge ---------------------------------------------------------------------------------------------
 def test_specforge_layout_shifts_output_of_layer_ids(tmp_path, original_draft, small_verifier_dir):
-    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[1, 2, 2])  # SpecForge's [1, L//2-1, L-4]
+    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[1, 3, 4])  # SpecForge's [1, L//2-1, L-4]
     assert detect_layout(read_config(src), read_weights(src)) == "specforge"
-    with pytest.warns(ExportWarning, match=r"shifted by \+1 .*\[2, 3, 3\]"):
+    with pytest.warns(ExportWarning, match=r"shifted by \+1 .*\[2, 4, 5\]"):
         convert_checkpoint(src, tmp_path / "out", verifier=str(small_verifier_dir), dtype="float32")
     config = load_checkpoint(tmp_path / "out")[0]
-    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     assert config["norm_before_residual"] is False
     assert_same_draft(tmp_path / "out", original_draft)
 
@@ -130,9 +130,9 @@ def test_specforge_layout_shifts_output_of_layer_ids(tmp_path, original_draft, s
 def test_specforge_ids_kept_when_declared_vllm_convention(
     tmp_path, original_draft, small_verifier_dir, recwarn
 ):
-    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[2, 3, 3])
+    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[2, 4, 5])
     convert_checkpoint(src, tmp_path / "out", verifier=str(small_verifier_dir), aux_convention="vllm")
-    assert load_checkpoint(tmp_path / "out")[0]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+    assert load_checkpoint(tmp_path / "out")[0]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     assert not [w for w in recwarn if "shifted" in str(w.message)]
 
 
@@ -140,12 +140,12 @@ def test_specforge_without_ids_gets_vllm_default(tmp_path, original_draft, small
     src = write_specforge(tmp_path / "src", original_draft)
     with pytest.warns(ExportWarning):
         convert_checkpoint(src, tmp_path / "out", verifier=str(small_verifier_dir))
-    assert load_checkpoint(tmp_path / "out")[0]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+    assert load_checkpoint(tmp_path / "out")[0]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
 
 
 def test_out_of_range_aux_ids_are_refused(tmp_path, original_draft, small_verifier_dir):
-    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[1, 2, 6])  # 6 + 1 > L = 6
-    with pytest.warns(ExportWarning), pytest.raises(ValueError, match=r"\[7\] fall outside \[0, 6\]"):
+    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[1, 3, 8])  # 8 + 1 > L = 8
+    with pytest.warns(ExportWarning), pytest.raises(ValueError, match=r"\[9\] fall outside \[0, 8\]"):
         convert_checkpoint(src, tmp_path / "out", verifier=str(small_verifier_dir))
     assert not (tmp_path / "out").exists()
 
@@ -277,7 +277,7 @@ def test_speculators_eagle_type_gets_the_same_explanation(tmp_path, small_verifi
 
 
 def test_cli_convert(tmp_path, original_draft, small_verifier_dir, capsys):
-    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[1, 2, 2])
+    src = write_specforge(tmp_path / "src", original_draft, aux_ids=[1, 3, 4])
     args = [
         "convert",
         str(src),
@@ -293,3 +293,40 @@ def test_cli_convert(tmp_path, original_draft, small_verifier_dir, capsys):
     config = load_checkpoint(tmp_path / "out")[0]
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
     assert "converted from the specforge layout" in (tmp_path / "out" / "README.md").read_text()
+
+
+# ---- aux layer order ---------------------------------------------------------------------------------------
+def test_unsorted_aux_ids_are_sorted_with_fc_permuted(tmp_path, small_verifier_dir):
+    """vLLM concatenates aux states in ascending layer order: fc's column blocks must follow that order."""
+    model = build_draft(small_verifier_dir, draft_vocab_size=256, seed=9, aux_layer_ids=[6, 1, 4])
+    model.save_pretrained(tmp_path / "src", dtype=torch.float32)
+    with pytest.warns(ExportWarning, match=r"not ascending.*\[1, 4, 6\]"):
+        convert_checkpoint(tmp_path / "src", tmp_path / "out", dtype="float32")
+    loaded = Eagle3DraftModel.from_pretrained(tmp_path / "out")
+    assert loaded.config.eagle_aux_hidden_state_layer_ids == [1, 4, 6]
+    states = {
+        layer: torch.randn(1, 5, 64) for layer in (1, 4, 6)
+    }  # the verifier's stream entering each layer
+    ids, positions = torch.randint(0, 1000, (1, 5)), torch.arange(5)[None]
+    with torch.no_grad():
+        as_trained = model(
+            ids, model.project_features(torch.cat([states[i] for i in (6, 1, 4)], -1)), positions
+        )
+        as_served = loaded(
+            ids, loaded.project_features(torch.cat([states[i] for i in (1, 4, 6)], -1)), positions
+        )
+    torch.testing.assert_close(as_served[0], as_trained[0], rtol=1e-5, atol=1e-5)  # same sum, other order
+    with torch.no_grad():
+        unpermuted = model(
+            ids, model.project_features(torch.cat([states[i] for i in (1, 4, 6)], -1)), positions
+        )
+    assert (
+        unpermuted[0] - as_trained[0]
+    ).abs().max() > 0.1  # what vLLM would compute without the permutation
+
+
+def test_repeated_aux_ids_are_warned_about(tmp_path, small_verifier_dir):
+    model = build_draft(small_verifier_dir, draft_vocab_size=256, aux_layer_ids=[2, 3, 3])
+    model.save_pretrained(tmp_path / "src")
+    with pytest.warns(ExportWarning, match="vLLM fails to run this draft"):
+        convert_checkpoint(tmp_path / "src", tmp_path / "out")
