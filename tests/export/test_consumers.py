@@ -15,7 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from speculators.cli import main as cli_main
 from speculators.export import convert_checkpoint, export_checkpoint
+from speculators.format import load_checkpoint
 from speculators.verifier import build_tiny_verifier
 from tests.export.conftest import (
     SERVABLE_SHAPE,
@@ -71,11 +73,14 @@ def checkpoints(tmp_path_factory, always_zero_verifier) -> dict[str, Path]:
     legacy = zero_norm(build_draft(always_zero_verifier, keep_token=0, seed=3, norm_before_residual=False))
     original = write_eagle3_original(root / "eagle3-original", legacy)
     specforge = write_specforge(root / "specforge", legacy, aux_ids=[1, 3, 4])
-    return {
+    found = {
         **{name: result.out_dir for name, result in exported.items()},
         "original": convert_checkpoint(original, root / "original-converted", verifier=verifier).out_dir,
         "specforge": convert_checkpoint(specforge, root / "specforge-converted", verifier=verifier).out_dir,
     }
+    for directory in found.values():
+        assert cli_main(["validate", str(directory)]) == 0  # `speculators validate` before serving
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +131,24 @@ def test_vllm_serves_converted_checkpoints(served, layout, k):
     spec = served[layout].spec
     assert spec.num_speculative_tokens == k and spec.num_drafts > 0
     assert spec.acceptance_rate == 1.0 and spec.mean_acceptance_length == k + 1
+
+
+@pytest.mark.parametrize("name", ["accept", "original"])
+def test_speculators_package_loads_it_offline_tensor_for_tensor(checkpoints, name):
+    """speculators==0.9.0 (its own virtualenv) loads the directory offline and holds exactly our weights."""
+    package = pytest.importorskip("speculators.serving.speculators_package")
+    if not package.speculators_package_available():
+        pytest.skip("the speculators virtualenv is missing: run `make speculators-env`")
+    loaded = package.load_with_speculators_package(checkpoints[name])
+    config, tensors = load_checkpoint(checkpoints[name])
+    assert loaded["ok"] and loaded["speculators_version"] == "0.9.0"
+    assert loaded["layer_model_type"] == "llama" and loaded["aux_layer_ids"] == [2, 4, 5]
+    assert loaded["norm_before_residual"] is config["norm_before_residual"]
+    assert loaded["speculative_tokens"] == [
+        config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    ]
+    assert loaded["verifier"] == config["speculators_config"]["verifier"]["name_or_path"]
+    missing = sorted(set(tensors) - set(loaded["tensors"]))
+    assert missing == [], missing
+    for tensor_name, tensor in tensors.items():
+        assert loaded["tensors"][tensor_name]["sha256"] == package.tensor_digest(tensor), tensor_name

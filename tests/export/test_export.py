@@ -199,3 +199,24 @@ def test_prefixed_trainer_names_are_stripped_with_a_warning(tmp_path, verifier_d
         export_checkpoint(run, tmp_path / "out")
     _, tensors = load_checkpoint(tmp_path / "out")
     assert not any(name.startswith("model.") for name in tensors)
+
+
+def test_verifier_name_for_publishing_is_written_while_checks_use_the_local_copy(run_dir, tmp_path):
+    from speculators.export import push_checkpoint
+
+    out = tmp_path / "publishable"
+    export_checkpoint(run_dir, out, verifier_name="example-org/tiny-llama")
+    config, _ = load_checkpoint(out)
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "example-org/tiny-llama"
+    assert "vllm serve example-org/tiny-llama" in (out / "README.md").read_text()
+    calls = []
+
+    class Recorder:
+        def create_repo(self, **kwargs):
+            calls.append("create_repo")
+
+        def upload_folder(self, **kwargs):
+            calls.append("upload_folder")
+
+    push_checkpoint(out, "me/tiny-eagle3", api=Recorder())  # a hub-id verifier is publishable as it is
+    assert calls == ["create_repo", "upload_folder"]
