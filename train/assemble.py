@@ -1,0 +1,233 @@
+"""Everything built once before the loop: the accelerator (single process, DDP or DeepSpeed ZeRO), the draft and
+its vocabulary, the optimizer and the learning-rate schedule.
+
+CPU/GPU differ only in choices made here at run time (dtype, process-group backend, attention kernel):
+
+* no CUDA → gloo. accelerate needs ``cpu=True`` for DDP on CPU (otherwise 2 launched processes silently train
+  independently) and ``InitProcessGroupKwargs(backend="gloo")`` for DeepSpeed (otherwise a batch-size assertion);
+  ``ACCELERATE_USE_CPU=true`` would silently turn a DeepSpeed run into DDP, so it is refused.
+* DeepSpeed's shared-memory comm op JIT-compiles for a minute on first use on CPU; ``deepspeed.build_cpu_shm_op``
+  (default false) skips it — gloo is used instead.
+* The schedule is a pure function of the optimizer step (no LR-scheduler state to save or to double-step: accelerate
+  steps a prepared scheduler ``num_processes`` times per call), applied to the param groups before every step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from speculators.format.config import Eagle3Config
+from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.verifier import resolve_dtype, resolve_verifier_path
+from speculators.vocab import DraftVocab
+from train.targets import TargetHead, verifier_embedding
+
+
+# ---- precision and processes --------------------------------------------------------------------------------
+def compute_dtype(name: str) -> torch.dtype:
+    """``auto``: bf16 on CUDA with bf16 support, fp32 otherwise (exact on CPU)."""
+    aliases = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+    name = aliases.get(name, name)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = resolve_dtype(name, device)
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(
+            f"train.dtype={name!r}: use auto, bf16 or fp32 (fp16 needs loss scaling, not supported)"
+        )
+    return dtype
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_launcher_env() -> None:
+    """A lone DeepSpeed process without launcher variables fails (``No module named 'mpi4py'``): provide them."""
+    if "LOCAL_RANK" in os.environ:
+        return
+    os.environ.update(
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+    )
+
+
+def deepspeed_config(cfg: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """The recipe's DeepSpeed dict with the values the trainer owns filled in (no ``auto`` left to guess)."""
+    config = OmegaConf.to_container(cfg.deepspeed.config, resolve=True) or {}
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    config["train_micro_batch_size_per_gpu"] = int(cfg.train.micro_batch_size)
+    config["gradient_accumulation_steps"] = int(cfg.train.grad_accum)
+    config["train_batch_size"] = int(cfg.train.micro_batch_size) * int(cfg.train.grad_accum) * world
+    config["gradient_clipping"] = float(cfg.optim.grad_clip or 0.0)
+    config["bf16"] = {"enabled": dtype == torch.bfloat16}
+    config.pop("fp16", None)
+    config["zero_allow_untested_optimizer"] = True
+    offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    if offload.get("device") not in (None, "none"):
+        config["zero_force_ds_cpu_optimizer"] = False  # our client torch AdamW runs on the offloaded params
+    config.setdefault("steps_per_print", 1 << 30)
+    config.setdefault("wall_clock_breakdown", False)
+    return config
+
+
+def make_accelerator(cfg: DictConfig, dtype: torch.dtype):
+    from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
+
+    cuda = torch.cuda.is_available()
+    distributed = bool(cfg.deepspeed.enabled) or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    # gloo only where a process group is made: forcing a backend on a lone plain process breaks accelerate
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not cuda else []
+    grad_accum = int(cfg.train.grad_accum)
+    if cfg.deepspeed.enabled:
+        if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+            raise RuntimeError(
+                "ACCELERATE_USE_CPU=true turns a DeepSpeed run into plain DDP; unset it and launch with "
+                "`accelerate launch --multi_gpu --num_processes N train/run.py ...` (DeepSpeed picks gloo on CPU)"
+            )
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
+        if not cuda and not cfg.deepspeed.build_cpu_shm_op:
+            importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        ensure_launcher_env()
+        plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(cfg, dtype))
+        return Accelerator(
+            deepspeed_plugin=plugin, gradient_accumulation_steps=grad_accum, kwargs_handlers=handlers
+        )
+    return Accelerator(
+        cpu=not cuda,
+        mixed_precision="bf16" if dtype == torch.bfloat16 else "no",
+        gradient_accumulation_steps=grad_accum,
+        kwargs_handlers=handlers,
+    )
+
+
+# ---- the draft ----------------------------------------------------------------------------------------------
+def draft_config(
+    cfg: DictConfig, verifier_config: dict[str, Any], aux_layer_ids: list[int], vocab: DraftVocab
+) -> Eagle3Config:
+    return Eagle3Config.from_verifier(
+        verifier_config,
+        name_or_path=resolve_verifier_path(str(cfg.verifier.name_or_path)),
+        draft_vocab_size=vocab.draft_vocab_size,
+        aux_layer_ids=aux_layer_ids,
+        speculative_tokens=int(cfg.export.speculative_tokens),
+        num_layers=int(cfg.model.num_layers),
+        layer_type=cfg.model.layer_type,
+        norm_before_residual=bool(cfg.model.norm_before_residual),
+        torch_dtype="float32",
+    )
+
+
+def build_draft(
+    cfg: DictConfig, config: Eagle3Config, vocab: DraftVocab, head: TargetHead
+) -> Eagle3DraftModel:
+    """A fresh draft (same init on every rank) with the verifier's embedding and, optionally, its lm_head rows."""
+    torch.manual_seed(int(cfg.seed))
+    draft = Eagle3DraftModel(config)
+    draft.set_vocab(vocab.d2t, vocab.t2d)
+    embedding = verifier_embedding(str(cfg.verifier.name_or_path))
+    draft.embed_tokens.weight.data.copy_(embedding.to(draft.embed_tokens.weight.dtype))
+    if cfg.model.init_lm_head_from_verifier:
+        draft.lm_head.weight.data.copy_(head.draft_weight.to(draft.lm_head.weight.dtype))
+    if cfg.train.init_from:
+        init_from_checkpoint(draft, Path(str(cfg.train.init_from)))
+    return draft
+
+
+def init_from_checkpoint(draft: Eagle3DraftModel, source: Path) -> None:
+    """Start from another run's weights (HASS stage 2): a run dir (its best checkpoint) or a draft dir."""
+    from train.checkpointing import resolve_draft_dir
+
+    directory = resolve_draft_dir(source)
+    loaded = Eagle3DraftModel.from_pretrained(directory)
+    mine, theirs = draft.config, loaded.config
+    for name in ("hidden_size", "vocab_size", "num_layers", "layer_type"):
+        if getattr(mine, name) != getattr(theirs, name):
+            raise ValueError(
+                f"train.init_from={source}: its {name} is {getattr(theirs, name)}, this recipe builds "
+                f"{getattr(mine, name)}; start from a checkpoint trained with the same verifier and model settings"
+            )
+    if mine.draft_vocab_size != theirs.draft_vocab_size or not torch.equal(draft.d2t, loaded.d2t):
+        raise ValueError(
+            f"train.init_from={source}: its draft vocabulary differs from this run's (rebuilt from the data's "
+            "token counts); use the same data directory and model.draft_vocab_size as the first stage"
+        )
+    draft.load_state_dict(loaded.state_dict())
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Trainable parameters; norms (1-D) are not decayed."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    if cfg.optim.name != "adamw":
+        raise ValueError(f"optim.name={cfg.optim.name!r}: only adamw is implemented")
+    return torch.optim.AdamW(
+        param_groups(model, float(cfg.optim.weight_decay)),
+        lr=float(cfg.optim.lr),
+        betas=tuple(float(b) for b in cfg.optim.betas),
+        eps=float(cfg.optim.eps),
+    )
+
+
+# ---- the schedule -------------------------------------------------------------------------------------------
+def warmup_steps(cfg: DictConfig, total_steps: int) -> int:
+    if cfg.schedule.warmup_steps is not None:
+        return int(cfg.schedule.warmup_steps)
+    return int(math.ceil(float(cfg.schedule.warmup_ratio) * total_steps))
+
+
+def lr_at(cfg: DictConfig, step: int, total_steps: int) -> float:
+    """Learning rate of optimizer step ``step`` (0-based): linear warmup, then cosine/linear decay or constant."""
+    peak = float(cfg.optim.lr)
+    floor = peak * float(cfg.schedule.min_lr_ratio)
+    warm = warmup_steps(cfg, total_steps)
+    if step < warm:
+        return peak * (step + 1) / warm
+    if cfg.schedule.name == "constant":
+        return peak
+    progress = min(1.0, (step - warm) / max(1, total_steps - warm))
+    if cfg.schedule.name == "cosine":
+        return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if cfg.schedule.name == "linear":
+        return floor + (peak - floor) * (1.0 - progress)
+    raise ValueError(f"schedule.name={cfg.schedule.name!r}: use cosine, linear or constant")
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+__all__ = [
+    "build_draft",
+    "compute_dtype",
+    "deepspeed_config",
+    "draft_config",
+    "lr_at",
+    "make_accelerator",
+    "make_optimizer",
+    "set_lr",
+]

@@ -1,0 +1,143 @@
+"""The verifier's distributions, recomputed from the stored pre-norm last states (offline) or taken from the
+verifier in the loop (online) — through the verifier's own final norm and lm_head, nothing else.
+
+Offline training never loads the verifier: only three tensors are read from its safetensors files (final norm,
+lm_head — or the tied embedding — and the input embedding the draft copies). The targets a step needs are
+
+* ``draft_logits``: verifier logits restricted to the draft vocabulary (the rows of lm_head at the draft's verifier
+  ids; cheap even for a 128k vocabulary), softmaxed into the soft targets;
+* ``argmax``: the verifier's argmax over its FULL vocabulary, computed in row chunks so the [T, V] logits never
+  exist at once: the top-1 target for accuracy/acceptance and the EAGLE mask (argmax outside the draft vocab).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from speculators.verifier import final_norm, resolve_verifier_path
+
+NORM_NAMES = ("model.norm.weight",)
+LM_HEAD_NAMES = ("lm_head.weight",)
+EMBED_NAMES = ("model.embed_tokens.weight",)
+
+
+def _weight_files(directory: Path) -> dict[str, Path]:
+    """Tensor name → safetensors file of an HF model directory (single file or sharded index)."""
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: directory / file for name, file in weight_map.items()}
+    single = directory / "model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(
+            f"{directory}: no model.safetensors(.index.json); the offline trainer reads the verifier's final norm, "
+            "lm_head and embedding from its safetensors files (download the verifier, or train online)"
+        )
+    with safe_open(str(single), framework="pt") as handle:
+        return {name: single for name in handle.keys()}
+
+
+def read_verifier_tensors(name_or_path: str, wanted: dict[str, tuple[str, ...]]) -> dict[str, torch.Tensor]:
+    """Read only the named tensors (first alias found wins) from a verifier's safetensors files."""
+    directory = Path(resolve_verifier_path(name_or_path))
+    files = _weight_files(directory)
+    found: dict[str, torch.Tensor] = {}
+    for key, aliases in wanted.items():
+        name = next((alias for alias in aliases if alias in files), None)
+        if name is None:
+            continue
+        with safe_open(str(files[name]), framework="pt") as handle:
+            found[key] = handle.get_tensor(name)
+    return found
+
+
+class TargetHead(nn.Module):
+    """Frozen verifier final norm + lm_head, mapped onto the draft vocabulary (``target_ids`` = verifier ids)."""
+
+    def __init__(
+        self, norm_weight: torch.Tensor, lm_head_weight: torch.Tensor, eps: float, target_ids: torch.Tensor
+    ):
+        super().__init__()
+        self.norm = LlamaRMSNorm(norm_weight.shape[0], eps=eps)
+        self.norm.weight.data.copy_(norm_weight)
+        self.register_buffer("weight", lm_head_weight.detach().clone(), persistent=False)
+        self.register_buffer("target_ids", target_ids.to(torch.long), persistent=False)
+        self.register_buffer("draft_weight", self.weight[self.target_ids].clone(), persistent=False)
+        index = torch.full((lm_head_weight.shape[0],), -1, dtype=torch.long)
+        index[self.target_ids] = torch.arange(len(self.target_ids))
+        self.register_buffer("draft_index", index, persistent=False)  # verifier id -> draft id, -1 outside
+        self.requires_grad_(False)
+        self.full_vocab = len(self.target_ids) == lm_head_weight.shape[0]
+
+    @classmethod
+    def from_verifier_files(
+        cls, name_or_path: str, verifier_config: dict[str, Any], target_ids: torch.Tensor
+    ) -> TargetHead:
+        """Load just the final norm and lm_head (or the tied embedding) of a verifier."""
+        tied = bool(verifier_config.get("tie_word_embeddings", False))
+        tensors = read_verifier_tensors(
+            name_or_path, {"norm": NORM_NAMES, "lm_head": LM_HEAD_NAMES, "embed": EMBED_NAMES}
+        )
+        lm_head = tensors.get("lm_head") if not tied else tensors.get("embed")
+        lm_head = lm_head if lm_head is not None else tensors.get("embed")
+        if "norm" not in tensors or lm_head is None:
+            raise KeyError(
+                f"{name_or_path}: could not find {NORM_NAMES[0]} and {LM_HEAD_NAMES[0]} (or a tied "
+                f"{EMBED_NAMES[0]}) in its safetensors files; is it a Llama/Qwen-style causal LM?"
+            )
+        eps = float(verifier_config.get("rms_norm_eps", 1e-6))
+        return cls(tensors["norm"].float(), lm_head.float(), eps, target_ids)
+
+    @classmethod
+    def from_model(cls, model: nn.Module, target_ids: torch.Tensor) -> TargetHead:
+        """The head of a loaded verifier (online training)."""
+        norm = final_norm(model)
+        eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+        return cls(norm.weight.detach().float(), model.lm_head.weight.detach().float(), eps, target_ids)
+
+    def normed(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        return self.norm(last_hidden.to(self.norm.weight.dtype))
+
+    @torch.no_grad()
+    def draft_logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """Verifier logits over the draft vocabulary, float32 ``[..., draft V]``."""
+        return (self.normed(last_hidden) @ self.draft_weight.T).float()
+
+    @torch.no_grad()
+    def targets(self, last_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(draft-vocab logits float32 [..., Vd], full-vocab argmax [...])`` in one go."""
+        logits = self.draft_logits(last_hidden)
+        if self.full_vocab:  # the draft vocab IS the vocab (in order): no second matmul
+            return logits, logits.argmax(-1)
+        return logits, self.argmax(last_hidden)
+
+    @torch.no_grad()
+    def argmax(self, last_hidden: torch.Tensor, max_elements: int = 1 << 26) -> torch.Tensor:
+        """The verifier's greedy token id over its full vocabulary, ``[...]`` long, in row chunks."""
+        normed = self.normed(last_hidden)
+        flat = normed.reshape(-1, normed.shape[-1])
+        rows = max(1, max_elements // self.weight.shape[0])
+        out = (
+            torch.cat([(chunk @ self.weight.T).argmax(-1) for chunk in flat.split(rows)])
+            if flat.numel()
+            else (torch.zeros(0, dtype=torch.long, device=flat.device))
+        )
+        return out.view(normed.shape[:-1])
+
+
+def verifier_embedding(name_or_path: str) -> torch.Tensor:
+    """The verifier's input embedding [V, H] (the draft keeps a frozen copy)."""
+    tensors = read_verifier_tensors(name_or_path, {"embed": EMBED_NAMES})
+    if "embed" not in tensors:
+        raise KeyError(f"{name_or_path}: no {EMBED_NAMES[0]} in its safetensors files")
+    return tensors["embed"]
+
+
+__all__ = ["TargetHead", "read_verifier_tensors", "verifier_embedding"]

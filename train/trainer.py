@@ -1,0 +1,461 @@
+"""The training loop: EAGLE-3 / HASS drafts with training-time test, under accelerate (single process, DDP or
+DeepSpeed ZeRO-1/2/3).
+
+One optimizer step = one global batch (``train.micro_batch_size × train.grad_accum × processes`` samples):
+
+1. the step's micro batches are fetched (features from shards, or captured by the verifier online) and their
+   targets prepared: the verifier's argmax over its full vocabulary and the per-step masks;
+2. the number of trained positions per TTT step is summed over the whole global batch (all ranks), so every
+   micro-batch loss is ``Σ_j w_j · (CE_j + topk_w · TopK_j) / N_j`` scaled by ``world × grad_accum`` (which the
+   framework's gradient averaging undoes): the same loss on 1 or N processes;
+3. forward (the k-step unroll), backward, and — on the last micro batch — clip and step (DeepSpeed steps inside
+   ``backward``).
+
+Evaluation, checkpointing (see :mod:`train.checkpointing`) and logging happen between steps, on every rank
+where they are collective, written by the main process only.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from speculators.verifier import verifier_config_dict
+from speculators.vocab import build_draft_vocab
+from train import checkpointing as ckpt
+from train.assemble import (
+    build_draft,
+    compute_dtype,
+    draft_config,
+    lr_at,
+    make_accelerator,
+    make_optimizer,
+    set_lr,
+)
+from train.data import (
+    BatchPlan,
+    MicroBatch,
+    OnlineFeatures,
+    TokenDataset,
+    encode_conversations,
+    epoch_loader,
+    eval_groups,
+    identity_collate,
+    pack_documents,
+)
+from train.evaluation import evaluate
+from train.logs import RunLogger, console_line, eval_line
+from train.losses import step_masks, step_terms, step_weights
+from train.targets import TargetHead
+from train.unroll import TTTDraft
+
+ALGORITHMS = ("eagle3", "hass")
+
+
+@dataclass
+class Progress:
+    """What a checkpoint's ``trainer_state.json`` holds besides the step's metrics."""
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+    samples_seen: int = 0
+    tokens_seen: int = 0
+    train_seconds: float = 0.0
+    world_size: int = 1
+    global_batch: int = 0
+    best: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, run_dir: str | Path) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        train = cfg.train
+        if train.algorithm not in ALGORITHMS:
+            raise ValueError(f"train.algorithm={train.algorithm!r}: use one of {ALGORITHMS}")
+        self.hass = train.algorithm == "hass"
+        self.steps = int(train.ttt_steps)
+        self.weights = step_weights(self.steps, float(train.step_weight_decay))
+        self.topk = int(train.hass.topk)
+        self.topk_weight = float(train.hass.topk_weight) if self.hass else 0.0
+        self.dtype = compute_dtype(str(train.dtype))
+        if train.cpu_threads and not torch.cuda.is_available():
+            torch.set_num_threads(int(train.cpu_threads))  # small CPU ops drown in thread sync on a busy host
+        self.accelerator = make_accelerator(cfg, self.dtype)
+        self.device = self.accelerator.device
+        self.is_main = self.accelerator.is_main_process
+        self.world = self.accelerator.num_processes
+        self.rank = self.accelerator.process_index
+        self.verifier_name = str(cfg.verifier.name_or_path)
+        self.verifier_config = verifier_config_dict(self.verifier_name)
+        self._prepare_data()
+        self._prepare_model()
+
+    # ---- set-up -----------------------------------------------------------------------------------------
+    def _prepare_data(self) -> None:
+        cfg, train = self.cfg, self.cfg.train
+        vocab_size = int(self.verifier_config["vocab_size"])
+        self.online = None
+        if train.data_mode == "offline":
+            from data_gen.store import FeatureDataset, read_token_counts
+
+            data_dir = Path(str(train.data_dir))
+            self.train_set = FeatureDataset(data_dir / "train")
+            heldout = data_dir / "heldout"
+            self.heldout_set = FeatureDataset(heldout) if (heldout / "manifest.json").is_file() else None
+            manifest = self.train_set.manifest
+            self.aux_layer_ids = [int(i) for i in manifest["aux_layer_ids"]]
+            wanted = cfg.verifier.aux_layer_ids
+            if wanted is not None and [int(i) for i in wanted] != self.aux_layer_ids:
+                raise ValueError(
+                    f"verifier.aux_layer_ids={list(wanted)} but the features in {data_dir} hold layers "
+                    f"{self.aux_layer_ids}; regenerate the data or drop the override"
+                )
+            if int(manifest["vocab_size"]) != vocab_size:
+                raise ValueError(
+                    f"{data_dir} was made with a {manifest['vocab_size']}-token verifier, but "
+                    f"{self.verifier_name} has {vocab_size}; point verifier.name_or_path at the data's verifier"
+                )
+            if int(manifest["hidden_size"]) != int(self.verifier_config["hidden_size"]):
+                raise ValueError(
+                    f"{data_dir} holds features of hidden size {manifest['hidden_size']}, but "
+                    f"{self.verifier_name} has {self.verifier_config['hidden_size']}; use the data's verifier"
+                )
+            counts, provenance = read_token_counts(data_dir)
+            self.collate = partial(
+                pack_documents, max_length=int(train.max_length), packing=bool(train.packing)
+            )
+            self.head_source = "files"
+        elif train.data_mode == "online":
+            from data_gen.capture import FeatureCapture
+            from speculators.verifier import load_verifier
+
+            verifier, tokenizer = load_verifier(self.verifier_name, cfg.verifier.dtype, self.device)
+            capture = FeatureCapture(verifier, cfg.verifier.aux_layer_ids, out_dtype=None)
+            self.aux_layer_ids = capture.aux_layer_ids
+            train_samples, heldout_samples = encode_conversations(cfg.data, tokenizer)
+            self.train_set = TokenDataset(train_samples)
+            self.heldout_set = TokenDataset(heldout_samples) if heldout_samples else None
+            counts, provenance = self.train_set.token_counts(vocab_size), {"source": "online"}
+            self.collate = identity_collate
+            self.online = OnlineFeatures(capture, int(train.max_length), bool(train.packing))
+            self.verifier = verifier
+            self.head_source = "model"
+        else:
+            raise ValueError(f"train.data_mode={train.data_mode!r}: use offline or online")
+        size = cfg.model.draft_vocab_size
+        self.vocab = build_draft_vocab(counts, int(size) if size else vocab_size, provenance)
+        self.plan = BatchPlan(
+            len(self.train_set),
+            int(train.micro_batch_size),
+            int(train.grad_accum),
+            self.world,
+            int(cfg.seed),
+            bool(train.shuffle),
+        )
+        per_epoch = self.plan.steps_per_epoch
+        self.total_steps = int(train.epochs) * per_epoch
+        if train.max_steps:
+            self.total_steps = min(self.total_steps, int(train.max_steps))
+
+    def _prepare_model(self) -> None:
+        cfg = self.cfg
+        target_ids = self.vocab.target_ids
+        if self.head_source == "files":
+            head = TargetHead.from_verifier_files(self.verifier_name, self.verifier_config, target_ids)
+        else:
+            head = TargetHead.from_model(self.verifier, target_ids)
+        head_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        self.head = head.to(self.device, dtype=head_dtype)
+        self.draft_config = draft_config(cfg, self.verifier_config, self.aux_layer_ids, self.vocab)
+        draft = build_draft(cfg, self.draft_config, self.vocab, self.head)
+        model = TTTDraft(
+            draft,
+            self.steps,
+            noise_std=float(cfg.train.noise_std),
+            detach_context=bool(cfg.train.hass.detach_context) if self.hass else False,
+            attention_backend=str(cfg.train.attention_backend),
+            chunk_size=int(cfg.train.attention_chunk),
+        )
+        optimizer = make_optimizer(cfg, model)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.is_deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
+
+    # ---- batches ----------------------------------------------------------------------------------------
+    def _materialize(self, item: Any, weight: float = 1.0) -> MicroBatch:
+        if self.online is not None:
+            return self.online(item, weight)
+        batch = item.to(self.device, dtype=None)
+        batch.weight = weight
+        return batch
+
+    def _eval_batches(self):
+        dataset = self.heldout_set
+        limit = self.cfg.eval.max_samples
+        count = min(len(dataset), int(limit)) if limit else len(dataset)
+        for group, weight in eval_groups(count, int(self.cfg.train.micro_batch_size), self.world, self.rank):
+            samples = [dataset[i] for i in group]
+            yield self._materialize(samples if self.online else self.collate(samples), weight)
+
+    # ---- one optimizer step -----------------------------------------------------------------------------
+    def _train_step(self, window: list[Any], sums: torch.Tensor) -> None:
+        batches, masks = [], []
+        counts = torch.zeros(2, self.steps, dtype=torch.float64, device=self.device)
+        for item in window:
+            batch = self._materialize(item)
+            argmax = self.head.argmax(batch.last_hidden) if not self.head.full_vocab else None
+            if argmax is None:
+                argmax = self.head.draft_logits(batch.last_hidden).argmax(-1)
+            step_mask = step_masks(
+                batch.loss_mask,
+                batch.document_ids,
+                self.head.draft_index[argmax],
+                self.steps,
+                bool(self.cfg.train.mask_out_of_vocab),
+            )
+            counts += step_mask.counts().to(self.device)
+            batches.append(batch)
+            masks.append(step_mask)
+        trained = self.accelerator.reduce(counts, reduction="sum")[0].clamp_min(1.0)
+        scale = float(self.world * self.plan.grad_accum)
+        topk = self.topk if self.topk_weight else 0
+        for batch, step_mask in zip(batches, masks, strict=True):
+            with self.accelerator.accumulate(self.model):
+                logits = self.model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids)
+                verifier_logits = self.head.draft_logits(batch.last_hidden)
+                loss = logits.new_zeros((), dtype=torch.float32)
+                for j, weight in enumerate(self.weights):
+                    terms = step_terms(logits[j], verifier_logits, step_mask, j, topk)
+                    loss = loss + weight * (terms.ce + self.topk_weight * terms.topk) / trained[j].float()
+                    sums[0, j] += terms.ce.detach().double()
+                    sums[1, j] += terms.topk.detach().double()
+                    sums[4, j] += terms.correct
+                sums[2:4] += step_mask.counts().to(self.device)
+                sums[5, 0] += batch.num_tokens
+                sums[5, 1] += batch.num_documents
+                self.accelerator.backward(loss * scale)
+                clip = float(self.cfg.optim.grad_clip or 0.0)
+                if self.accelerator.sync_gradients and clip > 0 and not self.is_deepspeed:
+                    self.accelerator.clip_grad_norm_(self.model.parameters(), clip)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+
+    # ---- the loop ---------------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        cfg = self.cfg
+        progress = self._start()
+        self.logger = RunLogger(cfg, self.run_dir, self.is_main, self.total_steps, progress.step)
+        self._announce(progress)
+        per_epoch = self.plan.steps_per_epoch
+        sums = self._new_sums()
+        log_every = int(cfg.logging.log_every)
+        eval_every, save_every = int(cfg.train.eval_every), int(cfg.train.save_every)
+        window_start = time.time()
+        last_log_step = progress.step
+        run_start, run_start_step = time.time(), progress.step
+        self._last_eval_step = self._last_save_step = progress.step if progress.step else -1
+        while progress.step < self.total_steps:
+            epoch, first = divmod(progress.step, per_epoch)
+            loader = epoch_loader(
+                self.train_set, self.plan, self.rank, epoch, first, self.collate, int(cfg.train.num_workers)
+            )
+            stream = iter(loader)
+            for step_in_epoch in range(first, per_epoch):
+                if progress.step >= self.total_steps:
+                    break
+                lr = lr_at(cfg, progress.step, self.total_steps)
+                set_lr(self.optimizer, lr)
+                self._train_step([next(stream) for _ in range(self.plan.grad_accum)], sums)
+                progress.step += 1
+                progress.epoch, progress.step_in_epoch = divmod(progress.step, per_epoch)
+                progress.samples_seen += self.plan.global_batch
+                if log_every and progress.step % log_every == 0 or progress.step == self.total_steps:
+                    elapsed = time.time() - window_start
+                    record = self._train_record(sums, progress, lr, elapsed, last_log_step)
+                    progress.tokens_seen += int(record["tokens"])
+                    progress.train_seconds += elapsed
+                    done = progress.step - run_start_step
+                    record["eta_s"] = (
+                        (time.time() - run_start) / max(done, 1) * (self.total_steps - progress.step)
+                    )
+                    self.logger.log(record, console_line(record, self.total_steps))
+                    self.logger.advance(
+                        progress.step - last_log_step, {"tok/s": f"{record['tokens_per_s']:.0f}"}
+                    )
+                    sums = self._new_sums()
+                    window_start, last_log_step = time.time(), progress.step
+                epoch_end = step_in_epoch + 1 == per_epoch or progress.step == self.total_steps
+                improved = False
+                if (eval_every and progress.step % eval_every == 0) or epoch_end:
+                    improved = self._evaluate(progress)
+                if improved or (save_every and progress.step % save_every == 0) or epoch_end:
+                    self._save(progress, improved)
+            del stream, loader
+        self.logger.close()
+        return {"step": progress.step, "best": progress.best, "metrics": progress.metrics}
+
+    def _start(self) -> Progress:
+        """Fresh start or exact resume from the newest complete checkpoint (``train.resume``)."""
+        acc = self.accelerator
+        resume = str(self.cfg.train.resume)
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.remove_partials(self.run_dir)
+            self.vocab.save(self.run_dir / "draft_vocab.safetensors")
+        acc.wait_for_everyone()
+        torch.manual_seed(int(self.cfg.seed) * 1000 + self.rank)  # per-rank noise stream (restored on resume)
+        progress = Progress(world_size=self.world, global_batch=self.plan.global_batch)
+        if resume == "never":
+            if ckpt.list_checkpoints(self.run_dir):
+                raise FileExistsError(
+                    f"{self.run_dir} already has checkpoints and train.resume=never; choose another run_dir or "
+                    "set train.resume=auto to continue it"
+                )
+            return progress
+        path = ckpt.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
+        if path is None:
+            return progress
+        state = ckpt.load_step(acc, path)
+        if int(state["global_batch"]) != self.plan.global_batch:
+            raise ValueError(
+                f"{path} was trained with global batch {state['global_batch']}, this launch has "
+                f"{self.plan.global_batch} (micro_batch_size × grad_accum × processes): exact resume needs the "
+                "same global batch; adjust train.micro_batch_size/grad_accum or the process count"
+            )
+        known = {f for f in Progress.__dataclass_fields__}
+        progress = Progress(**{k: v for k, v in state.items() if k in known})
+        progress.world_size = self.world
+        if self.is_main:
+            print(f"resumed from {path} at step {progress.step}", flush=True)
+        return progress
+
+    def _announce(self, progress: Progress) -> None:
+        trainable = sum(
+            p.numel() for p in self.accelerator.unwrap_model(self.model).parameters() if p.requires_grad
+        )
+        self.logger.write(
+            f"training {self.cfg.train.algorithm} draft for {self.verifier_name}: {len(self.train_set)} samples, "
+            f"{self.plan.steps_per_epoch} steps/epoch × {self.cfg.train.epochs} epochs → {self.total_steps} steps "
+            f"(global batch {self.plan.global_batch} on {self.world} process(es), "
+            f"{self.accelerator.distributed_type.value}), draft vocab {self.vocab.draft_vocab_size}, "
+            f"{trainable / 1e6:.1f}M trainable parameters, dtype {str(self.dtype).removeprefix('torch.')}, "
+            f"TTT steps {self.steps}" + (f", starting at step {progress.step}" if progress.step else "")
+        )
+
+    def _new_sums(self) -> torch.Tensor:
+        # rows: ce, topk, trained, valid, correct (per TTT step), [tokens, documents]
+        return torch.zeros(6, max(self.steps, 2), dtype=torch.float64, device=self.device)
+
+    def _train_record(
+        self, sums: torch.Tensor, progress: Progress, lr: float, elapsed: float, since: int
+    ) -> dict[str, Any]:
+        total = self.accelerator.reduce(sums, reduction="sum").cpu()
+        k = self.steps
+        ce, topk, trained, valid, correct = (total[i, :k] for i in range(5))
+        per_ce = ce / trained.clamp_min(1)
+        per_topk = topk / trained.clamp_min(1)
+        record: dict[str, Any] = {
+            "step": progress.step,
+            "kind": "train",
+            "epoch": progress.epoch,
+            "lr": lr,
+            "train/loss": float(
+                sum(w * (per_ce[j] + self.topk_weight * per_topk[j]) for j, w in enumerate(self.weights))
+            ),
+            "tokens": float(total[5, 0]),
+            "tokens_per_s": float(total[5, 0]) / max(elapsed, 1e-9),
+            "steps_per_s": (progress.step - since) / max(elapsed, 1e-9),
+        }
+        for j in range(k):
+            record[f"train/ce_{j}"] = float(per_ce[j])
+            record[f"train/acc_{j}"] = float(correct[j] / valid[j].clamp_min(1))
+            if self.topk_weight:
+                record[f"train/topk_{j}"] = float(per_topk[j])
+        return record
+
+    def _evaluate(self, progress: Progress) -> bool:
+        """Validate if held-out data exists; returns True when the acceptance length is a new best."""
+        if self.heldout_set is None or len(self.heldout_set) == 0 or self._last_eval_step == progress.step:
+            return False
+        self._last_eval_step = progress.step
+        k = int(self.cfg.eval.k)
+        metrics = evaluate(
+            self.accelerator,
+            self.model,
+            self.head,
+            self._eval_batches(),
+            k,
+            self.weights,
+            self.topk,
+            self.topk_weight,
+            bool(self.cfg.train.mask_out_of_vocab),
+        )
+        progress.metrics = metrics
+        record = {"step": progress.step, "kind": "eval", "epoch": progress.epoch, **metrics}
+        self.logger.log(record, eval_line(record))
+        accept = metrics["eval/acceptance_length"]
+        if accept > progress.best.get("acceptance_length", -math.inf):
+            progress.best = {"step": progress.step, "acceptance_length": accept}
+            return True
+        return False
+
+    def _save(self, progress: Progress, improved: bool) -> None:
+        if self._last_save_step == progress.step:
+            return
+        self._last_save_step = progress.step
+        path = ckpt.save_step(
+            self.accelerator, self.model, self.run_dir, progress.step, self.draft_config, asdict(progress)
+        )
+        if self.is_main:
+            if improved:
+                ckpt.write_best(
+                    self.run_dir, progress.step, progress.best["acceptance_length"], progress.metrics
+                )
+            ckpt.prune(self.run_dir, int(self.cfg.train.keep_checkpoints))
+            self.logger.write(f"saved {path}" + (" (best so far)" if improved else ""))
+        self.accelerator.wait_for_everyone()
+
+    # ---- shutdown ---------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Clean shutdown (gloo DDP otherwise hangs at exit), and a reset so another job can run in-process."""
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        del self.model, self.optimizer
+        self.__dict__.pop("verifier", None)
+        self.__dict__.pop("online", None)
+        gc.collect()
+        acc.end_training()
+        reset_distributed()
+
+
+def reset_distributed() -> None:
+    """Destroy the process group and forget accelerate's singletons (a Hydra multirun's next job starts clean)."""
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+    trainer = Trainer(cfg, run_dir)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+
+
+__all__ = ["Progress", "Trainer", "reset_distributed", "train"]

@@ -1,0 +1,68 @@
+"""The k-step training-time-test unroll as ONE module forward.
+
+DDP and DeepSpeed expect exactly one forward per backward of the module they wrap, so the whole unroll (feature
+projection, k drafting steps sharing one :class:`TTTAttention`) lives in :meth:`TTTDraft.forward`, which returns
+the draft-vocabulary logits of every step, ``[k, B, L, Vd]``.
+
+Step j (0-based) at position t feeds token x_{t+1+j} at rope position ``position_ids + j`` (the position the
+token has at inference, as vLLM's proposer advances it), and as hidden input either the projected verifier feature
+(j = 0) or the draft's own output of step j-1. HASS's harmonized context alignment feeds that output detached.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from speculators.models.eagle3 import Eagle3DraftModel
+from train.losses import shift_left
+from train.ttt_attention import TTTAttention
+
+
+class TTTDraft(nn.Module):
+    """Wraps an :class:`Eagle3DraftModel` (its parameters are ``draft.*``) with the TTT unroll."""
+
+    def __init__(
+        self,
+        draft: Eagle3DraftModel,
+        steps: int,
+        noise_std: float = 0.0,
+        detach_context: bool = False,
+        attention_backend: str = "auto",
+        chunk_size: int = 256,
+    ) -> None:
+        super().__init__()
+        if steps < 1:
+            raise ValueError(f"train.ttt_steps={steps}: the unroll needs at least one step")
+        self.draft = draft
+        self.steps = steps
+        self.noise_std = noise_std
+        self.detach_context = detach_context
+        self.attention_backend = attention_backend
+        self.chunk_size = chunk_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        aux_hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        steps: int | None = None,
+    ) -> torch.Tensor:
+        """``[k, B, L, draft V]`` logits; ``steps`` overrides k (evaluation may unroll further than training)."""
+        steps = steps or self.steps
+        features = aux_hidden.to(self.draft.fc.weight.dtype)
+        if self.training and self.noise_std > 0:
+            features = features + torch.randn_like(features) * self.noise_std
+        hidden = self.draft.project_features(features)
+        attend = TTTAttention(document_ids, self.attention_backend, self.chunk_size)
+        logits = []
+        for j in range(steps):
+            step_logits, hidden = self.draft(shift_left(input_ids, 1 + j), hidden, position_ids + j, attend)
+            logits.append(step_logits)
+            if self.detach_context:
+                hidden = hidden.detach()
+        return torch.stack(logits)
+
+
+__all__ = ["TTTDraft"]
