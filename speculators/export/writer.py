@@ -39,7 +39,6 @@ def write_validated(
     validator passed on the staged copy. Returns the (warning-only) findings; raises ``InvalidCheckpointError``."""
     out_dir = Path(out_dir)
     with atomic_directory(out_dir) as staging:
-        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(
             {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
             str(staging / WEIGHTS_NAME),
@@ -54,6 +53,8 @@ def write_validated(
                 target.write_bytes(content)
             else:
                 target.write_text(content)
+        # config.json last: a write killed before this point leaves no config, so nothing that looks loadable.
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         findings = validate_checkpoint(staging, verifier_config)
         findings = [
             Finding(f.severity, f.file.replace(str(staging), str(out_dir)), f.message) for f in findings

@@ -220,3 +220,19 @@ def test_verifier_name_for_publishing_is_written_while_checks_use_the_local_copy
 
     push_checkpoint(out, "me/tiny-eagle3", api=Recorder())  # a hub-id verifier is publishable as it is
     assert calls == ["create_repo", "upload_folder"]
+
+
+def test_export_runs_without_deepspeed_hydra_or_wandb(run_dir, tmp_path):
+    """The library path imports none of the training dependencies (DeepSpeed only for ZeRO shards, lazily)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for name in ('deepspeed', 'hydra', 'wandb'): sys.modules[name] = None\n"
+        "from speculators.cli import main\n"
+        f"sys.exit(main(['export', {str(run_dir)!r}, {str(tmp_path / 'out')!r}]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "out" / "config.json").is_file()
