@@ -110,6 +110,7 @@ class Prepared:
     identity: dict[str, Any]
     header: dict[str, Any]
     tokenizer: Any
+    regenerator: Regenerator | None
 
 
 def _sha256_text(text: str) -> str:
@@ -159,6 +160,7 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
         "data": _data_identity(data),
         "regenerate": _regenerate_identity(gen.regenerate),
     }
+    regenerator = build_regenerator(gen.regenerate, data, masker, model, tokenizer, path)
     check_or_write_identity(gen.output_dir, identity, write=False)
     header = {
         "aux_layer_ids": aux_ids,
@@ -189,7 +191,28 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
         identity=identity,
         header=header,
         tokenizer=tokenizer,
+        regenerator=regenerator,
     )
+
+
+def build_regenerator(
+    settings: RegenerateSettings,
+    data: DataSettings,
+    masker: ChatMasker,
+    model: Any,
+    tokenizer: Any,
+    path: str,
+) -> Regenerator | None:
+    """The regeneration stage when the recipe enables it (its back-end is checked here, before any write)."""
+    if not settings.enabled:
+        return None
+    if settings.backend == "vllm":
+        dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+        generate = vllm_generate(path, settings, dtype, data.max_length + settings.max_new_tokens)
+    else:
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        generate = transformers_generate(model, tokenizer, settings, sorted({masker.eot_id, *eos}))
+    return Regenerator(generate, masker, settings, data.max_length, data.seed)
 
 
 def _data_identity(data: DataSettings) -> dict[str, Any]:
@@ -262,21 +285,7 @@ class ShardWorker:
         self.out = Path(prepared.gen.output_dir)
         tokenizer = prepared.tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else prepared.masker.eot_id
-        self.regenerator = self._regenerator() if prepared.gen.regenerate.enabled else None
-
-    def _regenerator(self) -> Regenerator:
-        settings = self.p.gen.regenerate
-        stop_ids = sorted(
-            {
-                self.p.masker.eot_id,
-                *([self.p.tokenizer.eos_token_id] if self.p.tokenizer.eos_token_id is not None else []),
-            }
-        )
-        if settings.backend == "vllm":
-            generate = vllm_generate(self.p.verifier_path, settings, stop_ids)
-        else:
-            generate = transformers_generate(self.p.capture.model, self.p.tokenizer, settings, stop_ids)
-        return Regenerator(generate, self.p.masker, settings, self.p.data.max_length, self.p.data.seed)
+        self.regenerator = prepared.regenerator
 
     def shard(self, split: str, index: int, conversations: list[Conversation]) -> dict[str, Any]:
         counts: Counter = Counter()

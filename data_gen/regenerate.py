@@ -83,26 +83,40 @@ def transformers_generate(
     return generate
 
 
-def vllm_generate(verifier_path: str, settings: RegenerateSettings, stop_ids: list[int]) -> GenerateFn:
-    """The vLLM back-end, through the serving bridge (vLLM lives in its own virtualenv)."""
+def vllm_generate(
+    verifier_path: str, settings: RegenerateSettings, dtype: str, max_model_len: int
+) -> GenerateFn:
+    """The vLLM back-end, through ``speculators.serving.vllm_bridge`` (vLLM lives in its own virtualenv).
+
+    Each call starts one engine in a worker process (seconds on CPU), so use a large ``regenerate.batch_size``
+    with this back-end: one call per turn round of a batch. vLLM stops at the verifier's generation-config EOS
+    ids and strips special tokens from the texts.
+    """
     try:
-        from speculators.serving.vllm_bridge import generate_with_vllm
+        from speculators.serving.vllm_bridge import VllmRequest, generate_with_vllm, vllm_available
     except ImportError as error:
         raise RuntimeError(
             "data_gen.regenerate.backend=vllm is not available: speculators.serving.vllm_bridge "
-            f"(generate_with_vllm) cannot be imported ({error}). Use backend=transformers, or install the vLLM "
-            "environment (`make vllm-env`) with a speculators version that has the bridge."
+            f"cannot be imported ({error}); use backend=transformers"
         ) from error
+    if not vllm_available():
+        raise RuntimeError(
+            "data_gen.regenerate.backend=vllm is not available: the vLLM virtualenv is missing or has no vLLM "
+            "(run `make vllm-env`, or set SPECULATORS_VLLM_PYTHON); or use backend=transformers"
+        )
 
     def generate(prompts: list[list[int]], seed: int) -> list[str]:
-        results = generate_with_vllm(
-            verifier_path,
-            prompts,
+        request = VllmRequest(
+            model=verifier_path,
+            prompts=[list(p) for p in prompts],
             max_tokens=settings.max_new_tokens,
             temperature=settings.temperature,
             seed=seed,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            name="regenerate",
         )
-        return [r if isinstance(r, str) else r["text"] for r in results]
+        return list(generate_with_vllm(request).texts)
 
     return generate
 

@@ -235,11 +235,12 @@ def source_records(source: str, split: str = "train") -> Iterable[dict[str, Any]
 
 # ---- normalising one record --------------------------------------------------------------------------------
 def detect_format(record: dict[str, Any]) -> str:
-    if "conversations" in record:
+    """By the key that holds the turns (``datasets`` gives every row every column, absent ones as None)."""
+    if record.get("conversations") is not None:
         return "sharegpt"
-    if "messages" in record:
+    if record.get("messages") is not None:
         return "openai"
-    if "data" in record:
+    if record.get("data") is not None:
         return "ultrachat"
     raise InvalidRecord(
         "unknown_layout",
@@ -286,8 +287,9 @@ def raw_messages(record: dict[str, Any], fmt: str) -> list[dict[str, str]]:
         for turn in turns:
             if not isinstance(turn, dict):
                 raise InvalidRecord("malformed", f"a turn is a {type(turn).__name__}, not an object")
-            role = turn.get("from", turn.get("role"))
-            out.append({"role": _role(role), "content": _text(turn.get("value", turn.get("content")))})
+            role = turn.get("from") if turn.get("from") is not None else turn.get("role")
+            content = turn.get("value") if turn.get("value") is not None else turn.get("content")
+            out.append({"role": _role(role), "content": _text(content)})
         return out
     if fmt == "openai":
         turns = record.get("messages")
