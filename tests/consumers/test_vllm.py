@@ -24,7 +24,9 @@ def test_plain_greedy_reference_is_the_real_model(vllm_runs):
 )
 def test_vllm_serves_the_draft_and_greedy_output_is_unchanged(vllm_runs, mode, k):
     plain, served = vllm_runs["plain"], vllm_runs[mode]
-    assert served.prompt_token_ids == plain.prompt_token_ids  # auto mode took SmolLM2's tokenizer from the config
+    assert (
+        served.prompt_token_ids == plain.prompt_token_ids
+    )  # auto mode took SmolLM2's tokenizer from the config
     assert served.token_ids == plain.token_ids
     assert served.texts == plain.texts
     spec = served.spec
