@@ -77,13 +77,22 @@ class VllmRequest:
     name: str = ""
 
     def to_job(self) -> dict[str, Any]:
+        """The JSON job for the worker, with local paths made absolute (the worker runs in a temp directory)."""
         job = asdict(self)
-        job["model"] = str(self.model)
+        job["model"] = _local_or_hub(self.model)
+        if self.tokenizer:
+            job["tokenizer"] = _local_or_hub(self.tokenizer)
         if self.speculative_config:
-            job["speculative_config"] = {
-                k: (str(v) if isinstance(v, Path) else v) for k, v in self.speculative_config.items()
-            }
+            job["speculative_config"] = dict(self.speculative_config)
+            if "model" in self.speculative_config:
+                job["speculative_config"]["model"] = _local_or_hub(self.speculative_config["model"])
         return job
+
+
+def _local_or_hub(name: str | Path) -> str:
+    """An existing local path, absolute; anything else (a hub id) unchanged."""
+    path = Path(name)
+    return str(path.resolve()) if path.exists() else str(name)
 
 
 @dataclass
