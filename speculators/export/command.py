@@ -135,7 +135,9 @@ def run_export(args: argparse.Namespace) -> int:
         )
     )
     if result is not None:
-        print(f"exported {result.checkpoint.label} -> {result.out_dir} ({len(result.findings)} warning(s))")
+        print(
+            f"exported {result.checkpoint.label} -> {result.out_dir} (validator: {len(result.findings)} warning(s))"
+        )
         for finding in result.findings:
             print(finding)
     return status
@@ -160,7 +162,10 @@ def run_convert(args: argparse.Namespace) -> int:
         )
     )
     if result is not None:
-        print(f"converted {args.source} ({result.layout}) -> {result.out_dir}")
+        print(
+            f"converted {args.source} ({result.layout}) -> {result.out_dir} "
+            f"(validator: {len(result.findings)} warning(s))"
+        )
         for finding in result.findings:
             print(finding)
     return status

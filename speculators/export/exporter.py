@@ -14,7 +14,13 @@ from typing import Any
 
 import torch
 
-from speculators.export.model_card import CardInfo, find_eval_artifacts, render_model_card, training_summary
+from speculators.export.model_card import (
+    CardInfo,
+    find_eval_artifacts,
+    render_model_card,
+    training_summary,
+    validation_artifacts,
+)
 from speculators.export.run_dir import TrainerCheckpoint, locate_checkpoint, recipe_value, step_dirs
 from speculators.export.sources import read_config
 from speculators.export.tensors import ascending_aux_layers, detect_prefix, standard_tensors, unprefixed
@@ -100,6 +106,7 @@ def export_checkpoint(
     extra: dict[str, str | bytes | Path] = {}
     if model_card:
         evals = find_eval_artifacts(checkpoint.run_dir)
+        validation_artifacts(checkpoint.run_dir, checkpoint.step, evals)
         card = CardInfo(
             title=Path(out_dir).name,
             config=config_dict,

@@ -28,7 +28,9 @@ class EvalArtifacts:
     """Evaluation results found in a run directory: JSON files rendered as tables, PNG plots copied alongside."""
 
     tables: list[tuple[str, str]] = field(default_factory=list)  # (title, markdown table)
-    plots: dict[str, Path] = field(default_factory=dict)  # file name in the export -> source file
+    plots: dict[str, Path | bytes] = field(
+        default_factory=dict
+    )  # file name in the export -> source file or PNG
 
 
 @dataclass
@@ -111,10 +113,51 @@ def find_eval_artifacts(run_dir: Path | None) -> EvalArtifacts:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
             if table:
-                found.tables.append((str(rel), table))
+                found.tables.append((f"From `{rel}`:", table))
         elif path.suffix == ".png":
             found.plots["_".join(rel.parts)] = path
     return found
+
+
+def validation_artifacts(run_dir: Path | None, step: int | None, evals: EvalArtifacts) -> None:
+    """Add the trainer's held-out validation (``kind: eval`` records of metrics.jsonl) to ``evals``: the metrics at
+    the exported step (else the last evaluation) as a table, and acceptance length over steps as a plot."""
+    records = [r for r in read_metrics(run_dir) if r.get("kind") == "eval" and isinstance(r.get("step"), int)]
+    if not records:
+        return
+    chosen = next((r for r in reversed(records) if r["step"] == step), records[-1])
+    rows = [
+        {"metric": k.removeprefix("eval/"), "value": v}
+        for k, v in chosen.items()
+        if k.startswith("eval/") and isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
+    if rows:
+        title = f"Held-out validation at step {chosen['step']} (the trainer's simulated acceptance, metrics.jsonl):"
+        evals.tables.append((title, markdown_table(rows)))
+    curve = [(r["step"], r["eval/acceptance_length"]) for r in records if "eval/acceptance_length" in r]
+    if len(curve) >= 2:
+        evals.plots["acceptance_length.png"] = acceptance_plot(curve)
+
+
+def acceptance_plot(curve: list[tuple[int, float]]) -> bytes:
+    """A small PNG of the simulated acceptance length per evaluated step."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(5, 3), dpi=100)
+    axis.plot([s for s, _ in curve], [a for _, a in curve], marker="o")
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("acceptance length (held-out)")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    return buffer.getvalue()
 
 
 # ---- rendering ---------------------------------------------------------------------------------------------
@@ -260,7 +303,7 @@ def training_section(info: CardInfo) -> str:
 def evaluation_section(evals: EvalArtifacts) -> str:
     text = ["## Evaluation"]
     for title, table in evals.tables:
-        text += ["", f"From `{title}`:", "", table]
+        text += ["", title, "", table]
     for name in evals.plots:
         text += ["", f"![{name}]({name})"]
     return "\n".join(text)
