@@ -10,6 +10,8 @@ features.
   are packed first-fit into rows of at most ``max_length`` tokens (``packing=true``) or one per row, padded to the
   longest row. ``document_ids`` (−1 on padding) keep attention and targets inside each document; position ids
   restart at 0 in every document.
+* Feature noise (``train.noise_std``) is drawn per training document from ``(seed, epoch, sample index)``: the same
+  on any number of processes and after any resume, without relying on RNG state.
 * Offline: samples come from :class:`data_gen.store.FeatureDataset` with their features. Online: from
   :class:`TokenDataset` (token ids + loss masks only); :class:`OnlineFeatures` runs the verifier's
   :class:`data_gen.capture.FeatureCapture` on the micro group (padded, unpacked) and then packs the result.
@@ -56,7 +58,25 @@ class MicroBatch:
 
 def _document(sample: dict[str, Any], max_length: int) -> dict[str, Any]:
     keep = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
-    return {k: sample[k][:max_length] for k in keep if sample.get(k) is not None}
+    doc = {k: sample[k][:max_length] for k in keep if sample.get(k) is not None}
+    if "noise_seed" in sample:
+        doc["noise_seed"] = sample["noise_seed"]
+    return doc
+
+
+def noise_seed(seed: int, epoch: int, index: int) -> int:
+    """The noise of sample ``index`` in ``epoch``: a function of the data alone, not of ranks or RNG state."""
+    return (int(seed) * 1_000_003 + int(epoch)) * 10_000_019 + int(index)
+
+
+def add_feature_noise(doc: dict[str, Any], std: float) -> None:
+    """Gaussian noise (std ``std``) on the verifier features of one training document, from its own seed."""
+    if std <= 0 or "noise_seed" not in doc or doc.get("aux_hidden") is None:
+        return
+    aux = doc["aux_hidden"]
+    gen = torch.Generator(device=aux.device).manual_seed(doc["noise_seed"] % (2**63))
+    noise = torch.randn(aux.shape, generator=gen, device=aux.device, dtype=torch.float32)
+    doc["aux_hidden"] = aux + (noise * std).to(aux.dtype)
 
 
 def assign_rows(lengths: Sequence[int], max_length: int, packing: bool) -> list[list[int]]:
@@ -77,9 +97,13 @@ def assign_rows(lengths: Sequence[int], max_length: int, packing: bool) -> list[
     return rows
 
 
-def pack_documents(samples: Sequence[dict[str, Any]], max_length: int, packing: bool) -> MicroBatch:
-    """Pack (or pad) samples into one micro batch; features are copied when present."""
+def pack_documents(
+    samples: Sequence[dict[str, Any]], max_length: int, packing: bool, noise_std: float = 0.0
+) -> MicroBatch:
+    """Pack (or pad) samples into one micro batch; features are copied when present (plus training noise)."""
     docs = [_document(s, max_length) for s in samples]
+    for doc in docs:
+        add_feature_noise(doc, noise_std)
     lengths = [int(d["input_ids"].shape[0]) for d in docs]
     rows = assign_rows(lengths, max_length, packing)
     width = max(sum(lengths[i] for i in row) for row in rows)
@@ -173,7 +197,10 @@ class MicroBatchStream(Dataset):
     def __getitem__(self, item: int):
         step = self.first_step + item // self.plan.grad_accum
         indices = self.plan.micro_indices(self.epoch, step, item % self.plan.grad_accum, self.rank)
-        return self.collate([self.source[i] for i in indices])
+        samples = [
+            dict(self.source[i], noise_seed=noise_seed(self.plan.seed, self.epoch, i)) for i in indices
+        ]
+        return self.collate(samples)
 
 
 def epoch_loader(
@@ -233,8 +260,8 @@ class TokenDataset(Dataset):
 class OnlineFeatures:
     """Verifier in the loop: captures features for a token-only micro group, then packs it."""
 
-    def __init__(self, capture: Any, max_length: int, packing: bool) -> None:
-        self.capture, self.max_length, self.packing = capture, max_length, packing
+    def __init__(self, capture: Any, max_length: int, packing: bool, noise_std: float = 0.0) -> None:
+        self.capture, self.max_length, self.packing, self.noise_std = capture, max_length, packing, noise_std
 
     def __call__(self, samples: list[dict[str, Any]], weight: float = 1.0) -> MicroBatch:
         device = self.capture.device
@@ -252,7 +279,7 @@ class OnlineFeatures:
             doc["loss_mask"] = doc["loss_mask"].to(device)
             doc["aux_hidden"] = features["aux_hidden"][i, :n]
             doc["last_hidden"] = features["last_hidden"][i, :n]
-        batch = pack_documents(docs, self.max_length, self.packing)
+        batch = pack_documents(docs, self.max_length, self.packing, self.noise_std)
         batch.weight = weight
         return batch
 

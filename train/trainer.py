@@ -148,7 +148,9 @@ class Trainer:
             self.heldout_set = TokenDataset(heldout_samples) if heldout_samples else None
             counts, provenance = self.train_set.token_counts(vocab_size), {"source": "online"}
             self.collate = identity_collate
-            self.online = OnlineFeatures(capture, int(train.max_length), bool(train.packing))
+            self.online = OnlineFeatures(
+                capture, int(train.max_length), bool(train.packing), float(train.noise_std)
+            )
             self.verifier = verifier
             self.head_source = "model"
         else:
@@ -182,7 +184,6 @@ class Trainer:
         model = TTTDraft(
             draft,
             self.steps,
-            noise_std=float(cfg.train.noise_std),
             detach_context=bool(cfg.train.hass.detach_context) if self.hass else False,
             attention_backend=str(cfg.train.attention_backend),
             chunk_size=int(cfg.train.attention_chunk),
@@ -294,15 +295,21 @@ class Trainer:
                     )
                     sums = self._new_sums()
                     window_start, last_log_step = time.time(), progress.step
-                epoch_end = step_in_epoch + 1 == per_epoch or progress.step == self.total_steps
+                epoch_end = step_in_epoch + 1 == per_epoch
+                last = progress.step == self.total_steps
                 improved = False
-                if (eval_every and progress.step % eval_every == 0) or epoch_end:
+                if self._due(eval_every, progress.step, epoch_end) or last:
                     improved = self._evaluate(progress)
-                if improved or (save_every and progress.step % save_every == 0) or epoch_end:
+                if improved or self._due(save_every, progress.step, epoch_end) or last:
                     self._save(progress, improved)
             del stream, loader
         self.logger.close()
         return {"step": progress.step, "best": progress.best, "metrics": progress.metrics}
+
+    @staticmethod
+    def _due(every: int, step: int, epoch_end: bool) -> bool:
+        """Every ``every`` steps, or at epoch ends when ``every`` is 0."""
+        return step % every == 0 if every else epoch_end
 
     def _start(self) -> Progress:
         """Fresh start or exact resume from the newest complete checkpoint (``train.resume``)."""
@@ -313,7 +320,9 @@ class Trainer:
             ckpt.remove_partials(self.run_dir)
             self.vocab.save(self.run_dir / "draft_vocab.safetensors")
         acc.wait_for_everyone()
-        torch.manual_seed(int(self.cfg.seed) * 1000 + self.rank)  # per-rank noise stream (restored on resume)
+        torch.manual_seed(
+            int(self.cfg.seed) * 1000 + self.rank
+        )  # any stray randomness: per rank, restored on resume
         progress = Progress(world_size=self.world, global_batch=self.plan.global_batch)
         if resume == "never":
             if ckpt.list_checkpoints(self.run_dir):

@@ -6,7 +6,8 @@ the draft-vocabulary logits of every step, ``[k, B, L, Vd]``.
 
 Step j (0-based) at position t feeds token x_{t+1+j} at rope position ``position_ids + j`` (the position the
 token has at inference, as vLLM's proposer advances it), and as hidden input either the projected verifier feature
-(j = 0) or the draft's own output of step j-1. HASS's harmonized context alignment feeds that output detached.
+(j = 0) or the draft's own output of step j-1. HASS's harmonized context alignment feeds that output detached. (Feature noise is added per document when the
+batch is built, see ``train.data``, so it does not depend on the process layout or on RNG state.)
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ class TTTDraft(nn.Module):
         self,
         draft: Eagle3DraftModel,
         steps: int,
-        noise_std: float = 0.0,
         detach_context: bool = False,
         attention_backend: str = "auto",
         chunk_size: int = 256,
@@ -36,7 +36,6 @@ class TTTDraft(nn.Module):
             raise ValueError(f"train.ttt_steps={steps}: the unroll needs at least one step")
         self.draft = draft
         self.steps = steps
-        self.noise_std = noise_std
         self.detach_context = detach_context
         self.attention_backend = attention_backend
         self.chunk_size = chunk_size
@@ -51,10 +50,7 @@ class TTTDraft(nn.Module):
     ) -> torch.Tensor:
         """``[k, B, L, draft V]`` logits; ``steps`` overrides k (evaluation may unroll further than training)."""
         steps = steps or self.steps
-        features = aux_hidden.to(self.draft.fc.weight.dtype)
-        if self.training and self.noise_std > 0:
-            features = features + torch.randn_like(features) * self.noise_std
-        hidden = self.draft.project_features(features)
+        hidden = self.draft.project_features(aux_hidden.to(self.draft.fc.weight.dtype))
         attend = TTTAttention(document_ids, self.attention_backend, self.chunk_size)
         logits = []
         for j in range(steps):

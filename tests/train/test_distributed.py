@@ -1,0 +1,130 @@
+"""Real multi-process runs through `accelerate launch` on CPU (gloo): 2-process DDP, ZeRO-2 and ZeRO-3 compute the
+same losses and weights as 1 process on the same global batch, and a 2-process run killed with SIGKILL at an
+arbitrary point resumes to bit-identical final weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.train.conftest import accelerate_launch, compose, launch_env, run_launch, tiny_overrides
+from train.trainer import train
+
+STEPS = 6  # 8 samples, global batch 4 -> 2 steps/epoch x 3 epochs
+COMMON = ("train.epochs=3", "train.save_every=1", "train.noise_std=0.01", "logging.log_every=1")
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run_dir: Path) -> list[tuple]:
+    """Per step: (step, kind, loss, per-step CE, per-step accuracy) of every train/eval record."""
+    out = []
+    for r in records(run_dir):
+        prefix = "train" if r["kind"] == "train" else "eval"
+        keys = sorted(k for k in r if k.startswith((f"{prefix}/ce_", f"{prefix}/acc_")))
+        out.append((r["step"], r["kind"], r[f"{prefix}/loss"], *[r[k] for k in keys]))
+    return out
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "checkpoints" / f"step-{STEPS}" / "draft" / "model.safetensors"))
+
+
+def assert_close_runs(a: Path, b: Path, atol: float) -> None:
+    la, lb = losses(a), losses(b)
+    assert [x[:2] for x in la] == [x[:2] for x in lb]
+    for ra, rb in zip(la, lb, strict=True):
+        assert ra[2:] == pytest.approx(rb[2:], abs=atol, rel=atol), (ra, rb)
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=atol, rtol=atol, msg=name)
+
+
+@pytest.fixture(scope="module")
+def one_process_run(sharp_verifier, tiny_data, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("one") / "run"
+    train(
+        compose(tiny_overrides(sharp_verifier, tiny_data, run_dir, *COMMON, "train.micro_batch_size=4")),
+        run_dir,
+    )
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def zero2_run(sharp_verifier, tiny_data, tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("zero2")
+    run_dir = tmp / "run"
+    run_launch(2, tiny_overrides(sharp_verifier, tiny_data, run_dir, *COMMON, "deepspeed=zero2"), tmp)
+    return run_dir
+
+
+def test_zero2_two_processes_equal_one(one_process_run, zero2_run):
+    assert len(losses(zero2_run)) == STEPS + 3  # a record per step + an evaluation per epoch
+    assert_close_runs(one_process_run, zero2_run, atol=1e-5)
+    state = json.loads((zero2_run / "checkpoints" / f"step-{STEPS}" / "trainer_state.json").read_text())
+    assert state["world_size"] == 2 and state["global_batch"] == 4
+
+
+@pytest.mark.parametrize("backend", ["zero3", "none"])
+def test_zero3_and_ddp_two_processes_equal_one(backend, one_process_run, sharp_verifier, tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_launch(
+        2, tiny_overrides(sharp_verifier, tiny_data, run_dir, *COMMON, f"deepspeed={backend}"), tmp_path
+    )
+    kind = "DEEPSPEED" if backend == "zero3" else "MULTI_CPU"
+    assert f"on 2 process(es), {kind}" in result.stdout + result.stderr
+    assert_close_runs(one_process_run, run_dir, atol=1e-5)
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every worker it started (by pid: only what this test launched)."""
+    family = [process.pid] + [child.pid for child in psutil.Process(process.pid).children(recursive=True)]
+    for pid in family:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait(timeout=30)
+
+
+def test_sigkill_and_resume_gives_identical_weights(zero2_run, sharp_verifier, tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    args = tiny_overrides(sharp_verifier, tiny_data, run_dir, *COMMON, "deepspeed=zero2")
+    checkpoints = run_dir / "checkpoints"
+    process = subprocess.Popen(
+        accelerate_launch(2, args, tmp_path),
+        cwd=Path(__file__).resolve().parents[2],
+        env=launch_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and process.poll() is None:
+            if (checkpoints / ".step-3.partial").exists() or (checkpoints / "step-3").exists():
+                break
+            time.sleep(0.01)
+    finally:
+        kill_tree(process)
+    assert not (checkpoints / f"step-{STEPS}").exists(), "the run finished before it could be killed"
+    run_launch(2, args, tmp_path)  # auto-resume from the newest complete checkpoint
+    assert not list(checkpoints.glob(".step-*.partial"))
+    reference, resumed = final_weights(zero2_run), final_weights(run_dir)
+    for name in reference:
+        assert torch.equal(reference[name], resumed[name]), name
+    assert losses(run_dir) == losses(
+        zero2_run
+    )  # metrics of the killed attempt past its checkpoint were dropped
