@@ -80,6 +80,7 @@ class VllmRequest:
     def to_job(self) -> dict[str, Any]:
         """The JSON job for the worker, with local paths made absolute (the worker runs in a temp directory)."""
         job = asdict(self)
+        job["prompts"] = [_json_prompt(prompt) for prompt in self.prompts]
         job["model"] = _local_or_hub(self.model)
         if self.tokenizer:
             job["tokenizer"] = _local_or_hub(self.tokenizer)
@@ -88,6 +89,18 @@ class VllmRequest:
             if "model" in self.speculative_config:
                 job["speculative_config"]["model"] = _local_or_hub(self.speculative_config["model"])
         return job
+
+
+def _json_prompt(prompt: Any) -> Any:
+    """Token ids as plain ints (a tensor, numpy ints...); text and chat-message lists unchanged."""
+    if isinstance(prompt, str):
+        return prompt
+    if hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()
+    prompt = list(prompt)
+    if prompt and all(isinstance(message, dict) for message in prompt):
+        return [dict(message) for message in prompt]
+    return [int(token) for token in prompt]
 
 
 def _local_or_hub(name: str | Path) -> str:
