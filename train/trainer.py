@@ -18,6 +18,7 @@ where they are collective, written by the main process only.
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -89,6 +90,7 @@ class Trainer:
         self.topk = int(train.hass.topk)
         self.topk_weight = float(train.hass.topk_weight) if self.hass else 0.0
         self.dtype = compute_dtype(str(train.dtype))
+        logging.getLogger("accelerate").setLevel(logging.WARNING)  # our own lines say what was saved
         if train.cpu_threads and not torch.cuda.is_available():
             torch.set_num_threads(int(train.cpu_threads))  # small CPU ops drown in thread sync on a busy host
         self.accelerator = make_accelerator(cfg, self.dtype)
