@@ -141,7 +141,7 @@ class Drafter:
         logits, hidden, position = self.read_segment(segment)
         batch, device = root.shape[0], root.device
         topk = min(topk, logits.shape[-1])
-        scores, ids = torch.log_softmax(logits.float(), dim=-1).topk(topk, dim=-1)  # [B, K]
+        scores, ids = top_k(torch.log_softmax(logits.float(), dim=-1), topk)  # [B, K]
         cand_tokens, cand_scores = [self.target_ids[ids]], [scores]
         cand_parents = [torch.full((batch, topk), -1, dtype=torch.long, device=device)]
         cand_depths = [torch.ones(batch, topk, dtype=torch.long, device=device)]
@@ -155,9 +155,7 @@ class Drafter:
             visible = torch.cat([level_visible, eye], dim=-1)
             positions = (position + level)[:, None].expand(batch, topk)
             out_logits, out_hidden = self._step(level_tokens, level_hidden, positions, visible)
-            child_scores, child_ids = torch.log_softmax(out_logits.float(), dim=-1).topk(
-                topk, dim=-1
-            )  # [B,K,K]
+            child_scores, child_ids = top_k(torch.log_softmax(out_logits.float(), dim=-1), topk)  # [B, K, K]
             child_scores = (level_scores[:, :, None] + child_scores.clamp(max=0.0)).flatten(1)
             child_tokens = self.target_ids[child_ids].flatten(1)
             child_parent_slot = torch.arange(topk, device=device).repeat_interleave(topk).expand(batch, -1)
@@ -166,7 +164,7 @@ class Drafter:
             cand_parents.append(level_index.gather(1, child_parent_slot))
             cand_depths.append(torch.full_like(child_tokens, level + 1))
             if level + 1 < depth:
-                best_scores, best = child_scores.topk(topk, dim=-1)
+                best_scores, best = top_k(child_scores, topk)
                 slot = child_parent_slot.gather(1, best)
                 level_index = num_candidates + best
                 level_tokens, level_scores = child_tokens.gather(1, best), best_scores
@@ -179,6 +177,26 @@ class Drafter:
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
+
+
+def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk`` over the last dim with ties broken towards the lower index, like ``argmax``.
+
+    ``torch.topk`` leaves the order (and, at the boundary, the choice) among equal values unspecified; ties are real
+    with low-precision logits and with degenerate test drafts, and trees must not depend on the platform. Rows
+    whose k-th value is tied with a value left out fall back to a stable sort; the rest pay one comparison pass.
+    """
+    values, indices = x.topk(k, dim=-1)
+    boundary = values[..., -1:]
+    clean = (x == boundary).sum(-1) == (values == boundary).sum(-1)
+    if not bool(clean.all()):
+        order = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+        indices = torch.where(clean[..., None], indices, order)
+        values = x.gather(-1, indices)
+    order = torch.sort(indices, dim=-1).indices  # lower index first among equal values
+    indices, values = indices.gather(-1, order), values.gather(-1, order)
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices
+    return values.gather(-1, order), indices.gather(-1, order)
 
 
 def _select_tree(
