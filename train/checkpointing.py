@@ -133,6 +133,17 @@ def prune(run_dir: str | Path, keep: int) -> None:
 
 
 # ---- gathering full fp32 weights ----------------------------------------------------------------------------
+def write_run_config(run_dir: str | Path, cfg: Any, overrides: list[str]) -> None:
+    """``<run_dir>/config.yaml``: every setting of the run, resolved, with the command-line overrides on top."""
+    from omegaconf import OmegaConf
+
+    header = "# resolved recipe of this run; overrides: " + (" ".join(overrides) or "(none)") + "\n"
+    path = Path(run_dir) / "config.yaml"
+    tmp = path.with_name(".config.yaml.tmp")
+    tmp.write_text(header + OmegaConf.to_yaml(cfg, resolve=True))
+    tmp.replace(path)
+
+
 def gather_draft_state(accelerator, model) -> dict[str, torch.Tensor] | None:
     """The draft's full fp32 state dict on the main process (``None`` elsewhere). Collective: call on all ranks.
 
@@ -219,4 +230,5 @@ __all__ = [
     "step_dir",
     "write_best",
     "write_draft",
+    "write_run_config",
 ]

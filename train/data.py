@@ -98,15 +98,23 @@ def assign_rows(lengths: Sequence[int], max_length: int, packing: bool) -> list[
 
 
 def pack_documents(
-    samples: Sequence[dict[str, Any]], max_length: int, packing: bool, noise_std: float = 0.0
+    samples: Sequence[dict[str, Any]],
+    max_length: int,
+    packing: bool,
+    noise_std: float = 0.0,
+    fixed_width: bool = False,
 ) -> MicroBatch:
-    """Pack (or pad) samples into one micro batch; features are copied when present (plus training noise)."""
+    """Pack (or pad) samples into one micro batch; features are copied when present (plus training noise).
+
+    Rows are as wide as the longest one, or exactly ``max_length`` with ``fixed_width`` (compiled flex attention
+    on GPUs would otherwise recompile for every new width).
+    """
     docs = [_document(s, max_length) for s in samples]
     for doc in docs:
         add_feature_noise(doc, noise_std)
     lengths = [int(d["input_ids"].shape[0]) for d in docs]
     rows = assign_rows(lengths, max_length, packing)
-    width = max(sum(lengths[i] for i in row) for row in rows)
+    width = max_length if fixed_width else max(sum(lengths[i] for i in row) for row in rows)
     first = docs[0]
     device = first["input_ids"].device
     shape = (len(rows), width)
@@ -260,8 +268,11 @@ class TokenDataset(Dataset):
 class OnlineFeatures:
     """Verifier in the loop: captures features for a token-only micro group, then packs it."""
 
-    def __init__(self, capture: Any, max_length: int, packing: bool, noise_std: float = 0.0) -> None:
+    def __init__(
+        self, capture: Any, max_length: int, packing: bool, noise_std: float = 0.0, fixed_width: bool = False
+    ) -> None:
         self.capture, self.max_length, self.packing, self.noise_std = capture, max_length, packing, noise_std
+        self.fixed_width = fixed_width
 
     def __call__(self, samples: list[dict[str, Any]], weight: float = 1.0) -> MicroBatch:
         device = self.capture.device
@@ -279,7 +290,7 @@ class OnlineFeatures:
             doc["loss_mask"] = doc["loss_mask"].to(device)
             doc["aux_hidden"] = features["aux_hidden"][i, :n]
             doc["last_hidden"] = features["last_hidden"][i, :n]
-        batch = pack_documents(docs, self.max_length, self.packing, self.noise_std)
+        batch = pack_documents(docs, self.max_length, self.packing, self.noise_std, self.fixed_width)
         batch.weight = weight
         return batch
 

@@ -17,7 +17,7 @@ import torch
 
 from train.data import MicroBatch
 from train.losses import acceptance_counts, acceptance_summary, step_masks, step_terms
-from train.targets import TargetHead
+from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
 
 
 @torch.no_grad()
@@ -40,10 +40,10 @@ def evaluate(
     chain = torch.zeros(4, steps, dtype=torch.float64, device=device)
     for batch in batches:
         batch = batch.to(device)
-        verifier_logits, verifier_argmax = head.targets(batch.last_hidden)
-        masks = step_masks(
-            batch.loss_mask, batch.document_ids, head.draft_index[verifier_argmax], steps, mask_out_of_vocab
-        )
+        needed = needed_positions(batch.loss_mask)
+        verifier_logits = target_logits(head, batch.last_hidden, needed)
+        draft_ids = target_draft_ids(head, batch.last_hidden, needed)
+        masks = step_masks(batch.loss_mask, batch.document_ids, draft_ids, steps, mask_out_of_vocab)
         logits = model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids, steps=steps)
         correct = []
         for j in range(steps):

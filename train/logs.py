@@ -8,6 +8,7 @@ resumed run continues the same wandb run (its id is kept in ``<run_dir>/wandb_id
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,7 @@ class RunLogger:
         import wandb
 
         id_file = self.run_dir / "wandb_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         id_file.write_text(run_id)
         settings = cfg.logging.wandb
         return wandb.init(

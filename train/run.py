@@ -26,7 +26,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
+from omegaconf import DictConfig, open_dict  # noqa: E402
 
 
 def is_main_rank() -> bool:
@@ -59,25 +59,11 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def save_resolved_config(cfg: DictConfig, run_dir: Path) -> None:
-    """``<run_dir>/config.yaml``: every setting of this run, resolved, with the command-line overrides on top."""
-    from hydra.core.hydra_config import HydraConfig
-
-    overrides = list(HydraConfig.get().overrides.task)
-    header = "# resolved recipe of this run; overrides: " + (" ".join(overrides) or "(none)") + "\n"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / ".config.yaml.tmp"
-    tmp.write_text(header + OmegaConf.to_yaml(cfg, resolve=True))
-    tmp.replace(run_dir / "config.yaml")
-
-
 @hydra.main(config_path="../recipes", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     cfg = finalize_config(cfg)
     run_dir = Path(str(cfg.run_dir))
-    if is_main_rank():
-        save_resolved_config(cfg, run_dir)
-    from train.trainer import train
+    from train.trainer import train  # writes <run_dir>/config.yaml (the resolved recipe) first
 
     result = train(cfg, run_dir)
     best = result.get("best", {}).get("acceptance_length")

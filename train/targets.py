@@ -111,14 +111,6 @@ class TargetHead(nn.Module):
         return (self.normed(last_hidden) @ self.draft_weight.T).float()
 
     @torch.no_grad()
-    def targets(self, last_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(draft-vocab logits float32 [..., Vd], full-vocab argmax [...])`` in one go."""
-        logits = self.draft_logits(last_hidden)
-        if self.full_vocab:  # the draft vocab IS the vocab (in order): no second matmul
-            return logits, logits.argmax(-1)
-        return logits, self.argmax(last_hidden)
-
-    @torch.no_grad()
     def argmax(self, last_hidden: torch.Tensor, max_elements: int = 1 << 26) -> torch.Tensor:
         """The verifier's greedy token id over its full vocabulary, ``[...]`` long, in row chunks."""
         normed = self.normed(last_hidden)
@@ -132,6 +124,37 @@ class TargetHead(nn.Module):
         return out.view(normed.shape[:-1])
 
 
+@torch.no_grad()
+def target_draft_ids(head: TargetHead, last_hidden: torch.Tensor, needed: torch.Tensor) -> torch.Tensor:
+    """Draft id of the verifier's full-vocab argmax at ``needed`` positions (-1 elsewhere or outside the draft
+    vocab). The full-vocab matmul is the costliest target computation, so only positions whose NEXT token is a
+    loss token — the only ones any TTT step uses as a target — pay for it."""
+    out = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
+    if needed.any():
+        if head.full_vocab:
+            argmax = head.draft_logits(last_hidden[needed]).argmax(-1)
+        else:
+            argmax = head.argmax(last_hidden[needed])
+        out[needed] = head.draft_index[argmax]
+    return out
+
+
+@torch.no_grad()
+def target_logits(head: TargetHead, last_hidden: torch.Tensor, needed: torch.Tensor) -> torch.Tensor:
+    """Verifier logits over the draft vocabulary at ``needed`` positions, zeros elsewhere, ``[B, L, Vd]``."""
+    out = torch.zeros((*needed.shape, head.draft_weight.shape[0]), dtype=torch.float32, device=needed.device)
+    if needed.any():
+        out[needed] = head.draft_logits(last_hidden[needed])
+    return out
+
+
+def needed_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Positions u whose token u+1 is a loss token: the verifier distributions some TTT step trains on."""
+    needed = torch.zeros_like(loss_mask, dtype=torch.bool)
+    needed[:, :-1] = loss_mask[:, 1:].bool()
+    return needed
+
+
 def verifier_embedding(name_or_path: str) -> torch.Tensor:
     """The verifier's input embedding [V, H] (the draft keeps a frozen copy)."""
     tensors = read_verifier_tensors(name_or_path, {"embed": EMBED_NAMES})
@@ -140,4 +163,11 @@ def verifier_embedding(name_or_path: str) -> torch.Tensor:
     return tensors["embed"]
 
 
-__all__ = ["TargetHead", "read_verifier_tensors", "verifier_embedding"]
+__all__ = [
+    "TargetHead",
+    "needed_positions",
+    "read_verifier_tensors",
+    "target_draft_ids",
+    "target_logits",
+    "verifier_embedding",
+]

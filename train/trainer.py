@@ -18,6 +18,7 @@ where they are collective, written by the main process only.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import math
 import time
@@ -55,7 +56,8 @@ from train.data import (
 from train.evaluation import evaluate
 from train.logs import RunLogger, console_line, eval_line
 from train.losses import step_masks, step_terms, step_weights
-from train.targets import TargetHead
+from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
+from train.ttt_attention import resolve_backend
 from train.unroll import TTTDraft
 
 ALGORITHMS = ("eagle3", "hass")
@@ -108,6 +110,7 @@ class Trainer:
         cfg, train = self.cfg, self.cfg.train
         vocab_size = int(self.verifier_config["vocab_size"])
         self.online = None
+        fixed_width = resolve_backend(str(train.attention_backend), self.device) == "flex"
         if train.data_mode == "offline":
             from data_gen.store import FeatureDataset, read_token_counts
 
@@ -135,7 +138,11 @@ class Trainer:
                 )
             counts, provenance = read_token_counts(data_dir)
             self.collate = partial(
-                pack_documents, max_length=int(train.max_length), packing=bool(train.packing)
+                pack_documents,
+                max_length=int(train.max_length),
+                packing=bool(train.packing),
+                noise_std=float(train.noise_std),
+                fixed_width=fixed_width,
             )
             self.head_source = "files"
         elif train.data_mode == "online":
@@ -151,7 +158,7 @@ class Trainer:
             counts, provenance = self.train_set.token_counts(vocab_size), {"source": "online"}
             self.collate = identity_collate
             self.online = OnlineFeatures(
-                capture, int(train.max_length), bool(train.packing), float(train.noise_std)
+                capture, int(train.max_length), bool(train.packing), float(train.noise_std), fixed_width
             )
             self.verifier = verifier
             self.head_source = "model"
@@ -216,13 +223,11 @@ class Trainer:
         counts = torch.zeros(2, self.steps, dtype=torch.float64, device=self.device)
         for item in window:
             batch = self._materialize(item)
-            argmax = self.head.argmax(batch.last_hidden) if not self.head.full_vocab else None
-            if argmax is None:
-                argmax = self.head.draft_logits(batch.last_hidden).argmax(-1)
+            needed = needed_positions(batch.loss_mask)
             step_mask = step_masks(
                 batch.loss_mask,
                 batch.document_ids,
-                self.head.draft_index[argmax],
+                target_draft_ids(self.head, batch.last_hidden, needed),
                 self.steps,
                 bool(self.cfg.train.mask_out_of_vocab),
             )
@@ -235,7 +240,9 @@ class Trainer:
         for batch, step_mask in zip(batches, masks, strict=True):
             with self.accelerator.accumulate(self.model):
                 logits = self.model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids)
-                verifier_logits = self.head.draft_logits(batch.last_hidden)
+                verifier_logits = target_logits(
+                    self.head, batch.last_hidden, needed_positions(batch.loss_mask)
+                )
                 loss = logits.new_zeros((), dtype=torch.float32)
                 for j, weight in enumerate(self.weights):
                     terms = step_terms(logits[j], verifier_logits, step_mask, j, topk)
@@ -319,6 +326,7 @@ class Trainer:
         resume = str(self.cfg.train.resume)
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.write_run_config(self.run_dir, self.cfg, hydra_overrides())
             ckpt.remove_partials(self.run_dir)
             self.vocab.save(self.run_dir / "draft_vocab.safetensors")
         acc.wait_for_everyone()
@@ -336,13 +344,20 @@ class Trainer:
         path = ckpt.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
         if path is None:
             return progress
-        state = ckpt.load_step(acc, path)
+        state = json.loads((path / ckpt.STATE_NAME).read_text())
+        if self.is_deepspeed and int(state["world_size"]) != self.world:
+            raise ValueError(
+                f"{path} holds DeepSpeed ZeRO partitions of {state['world_size']} processes; resume it with "
+                f"{state['world_size']} processes (this launch has {self.world}), or start a new run with "
+                f"train.init_from={path}"
+            )
         if int(state["global_batch"]) != self.plan.global_batch:
             raise ValueError(
                 f"{path} was trained with global batch {state['global_batch']}, this launch has "
                 f"{self.plan.global_batch} (micro_batch_size × grad_accum × processes): exact resume needs the "
                 "same global batch; adjust train.micro_batch_size/grad_accum or the process count"
             )
+        ckpt.load_step(acc, path)
         known = {f for f in Progress.__dataclass_fields__}
         progress = Progress(**{k: v for k, v in state.items() if k in known})
         progress.world_size = self.world
@@ -447,6 +462,16 @@ class Trainer:
         gc.collect()
         acc.end_training()
         reset_distributed()
+
+
+def hydra_overrides() -> list[str]:
+    """The command-line overrides of this Hydra run (none when composed programmatically)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []
 
 
 def reset_distributed() -> None:

@@ -6,8 +6,9 @@ the draft-vocabulary logits of every step, ``[k, B, L, Vd]``.
 
 Step j (0-based) at position t feeds token x_{t+1+j} at rope position ``position_ids + j`` (the position the
 token has at inference, as vLLM's proposer advances it), and as hidden input either the projected verifier feature
-(j = 0) or the draft's own output of step j-1. HASS's harmonized context alignment feeds that output detached. (Feature noise is added per document when the
-batch is built, see ``train.data``, so it does not depend on the process layout or on RNG state.)
+(j = 0) or the draft's own output of step j-1. HASS's harmonized context alignment feeds that output detached.
+Feature noise is added per document when the batch is built (``train.data``), independent of the process layout
+and of RNG state.
 """
 
 from __future__ import annotations

@@ -56,12 +56,16 @@ def test_overfit_reaches_the_acceptance_ceiling(sharp_verifier, tiny_data, tmp_p
     assert (run_dir / "draft_vocab.safetensors").is_file()
 
 
-def test_hass_trains_with_topk_and_detached_context(sharp_verifier, tiny_data, tmp_path):
+def test_hass_trains_with_topk_and_detached_context(sharp_verifier, tiny_data, tmp_path, monkeypatch):
     run_dir = tmp_path / "hass"
-    overrides = tiny_overrides(sharp_verifier, tiny_data, run_dir, "train.epochs=2")
+    overrides = tiny_overrides(sharp_verifier, tiny_data, run_dir, "train.epochs=2", "logging=offline")
     overrides[0] = "recipe=tiny_hass"
+    monkeypatch.setenv("WANDB_SILENT", "true")
     train(compose(overrides), run_dir)
     records = metrics(run_dir)
     assert all("train/topk_0" in r for r in records if r["kind"] == "train")
+    assert list((run_dir / "wandb").glob("offline-run-*")), (
+        "wandb offline mode writes its run under the run dir"
+    )
     draft = json.loads((resolve_draft_dir(run_dir) / "config.json").read_text())
     assert draft["speculators_model_type"] == "eagle3"  # HASS exports as the servable eagle3 architecture

@@ -1,0 +1,217 @@
+"""Benchmark of the training stage.
+
+1. Training throughput of the SmolLM2 draft (the ``eagle3_smollm2`` recipe: hidden 576, 9/3 heads, draft vocab
+   8192, 3 TTT steps, packed micro batches of 4 × 512 tokens) through the real trainer loop on this machine, fp32,
+   single process: optimizer steps/s and tokens/s. Features are random tensors of SmolLM2's shapes written with
+   data_gen's store (their values do not change the cost); the targets come from the real SmolLM2 final norm and
+   lm_head. Measured with 1 intra-op thread and with torch's default.
+2. Peak memory of the TTT attention (forward + backward, k = 3 steps, SmolLM2's head layout) as the sequence length
+   doubles, for the linear-memory ``chunked`` implementation and the naive dense-mask reference. Counted as live
+   tensor bytes (train.memory.LiveTensorMemory), exact and allocator-independent. The chunked ratio per doubling
+   must stay near 2 (linear); the dense one approaches 4 (quadratic).
+
+    .venv/bin/python bench/train_bench.py [--steps 6] [--lengths 512 1024 2048 4096] [--dense-max 2048]
+
+Writes bench/results/train.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from train.memory import peak_memory_of  # noqa: E402
+from train.ttt_attention import chunked_ttt_attention, dense_ttt_attention  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM, TTT_STEPS = 9, 3, 64, 3  # SmolLM2-135M
+
+
+# ---- 1. throughput ------------------------------------------------------------------------------------------
+def write_random_features(directory: Path, samples: int, length: int) -> None:
+    """A train split of SmolLM2-shaped random features (+ token counts) through data_gen's store."""
+    from safetensors.torch import save_file
+
+    from data_gen.store import TOKEN_COUNTS_NAME, Sample, finalize_split, write_shard
+    from speculators.verifier import verifier_config_dict
+
+    config = verifier_config_dict("smollm2")
+    hidden, vocab, layers = (
+        int(config["hidden_size"]),
+        int(config["vocab_size"]),
+        int(config["num_hidden_layers"]),
+    )
+    aux_ids = [2, layers // 2, layers - 3]
+    gen = torch.Generator().manual_seed(0)
+    rows, counts = [], torch.zeros(vocab, dtype=torch.int64)
+    for index in range(samples):
+        ids = torch.randint(0, vocab, (length,), generator=gen)
+        mask = torch.zeros(length, dtype=torch.bool)
+        mask[length // 4 :] = True
+        counts += torch.bincount(ids[mask], minlength=vocab)
+        aux = torch.randn(length, 3 * hidden, generator=gen)
+        last = torch.randn(length, hidden, generator=gen) * 3
+        rows.append(Sample(f"bench-{index}", ids, mask, aux, last))
+    write_shard(directory / "train", 0, rows, 3, "bfloat16")
+    header = {
+        "aux_layer_ids": aux_ids,
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "vocab_size": vocab,
+        "storage_dtype": "bfloat16",
+        "verifier": {"name_or_path": "smollm2"},
+    }
+    finalize_split(directory / "train", 1, header)
+    save_file({"counts": counts}, str(directory / TOKEN_COUNTS_NAME), metadata={"provenance": "{}"})
+
+
+def train_throughput(data_dir: Path, steps: int, threads: int | None) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from train.trainer import reset_distributed, train
+
+    run_dir = data_dir.parent / f"run-{threads or 'default'}"
+    overrides = [
+        "recipe=eagle3_smollm2",
+        f"train.data_dir={data_dir}",
+        f"run_dir={run_dir}",
+        f"train.max_steps={steps}",
+        "train.max_length=1024",
+        "train.micro_batch_size=4",
+        "train.save_every=1000000",
+        "train.eval_every=1000000",
+        "train.dtype=fp32",
+        "logging=disabled",
+        "logging.log_every=1",
+        "logging.progress_bar=false",
+    ]
+    if threads:
+        overrides.append(f"train.cpu_threads={threads}")
+    before = torch.get_num_threads()
+    with initialize_config_dir(config_dir=str(REPO / "recipes"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    started = time.time()
+    try:
+        train(cfg, run_dir)
+    finally:
+        reset_distributed()
+        torch.set_num_threads(before)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in records if r["kind"] == "train" and r["step"] > 1]  # step 1 warms up
+    tokens_per_step = statistics.mean(r["tokens"] for r in timed)
+    seconds_per_step = statistics.median(r["tokens"] / r["tokens_per_s"] for r in timed)
+    return {
+        "threads": threads or before,
+        "steps_timed": len(timed),
+        "tokens_per_step": tokens_per_step,
+        "seconds_per_step_median": round(seconds_per_step, 3),
+        "tokens_per_s": round(tokens_per_step / seconds_per_step, 1),
+        "wall_seconds_total": round(time.time() - started, 1),
+    }
+
+
+# ---- 2. TTT attention memory --------------------------------------------------------------------------------
+def attention_peak(fn, length: int) -> int:
+    gen = torch.Generator().manual_seed(length)
+    doc = torch.zeros(1, length, dtype=torch.long)
+    qs = [
+        torch.randn(1, HEADS, length, HEAD_DIM, generator=gen, requires_grad=True) for _ in range(TTT_STEPS)
+    ]
+    ks = [
+        torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=gen, requires_grad=True)
+        for _ in range(TTT_STEPS)
+    ]
+    vs = [
+        torch.randn(1, KV_HEADS, length, HEAD_DIM, generator=gen, requires_grad=True)
+        for _ in range(TTT_STEPS)
+    ]
+
+    def work() -> None:
+        outs = [fn(qs[j], ks[: j + 1], vs[: j + 1], doc) for j in range(TTT_STEPS)]
+        sum(o.sum() for o in outs).backward()
+
+    return peak_memory_of(work)
+
+
+def attention_memory(lengths: list[int], dense_max: int, chunk: int) -> dict:
+    chunked = {
+        n: attention_peak(lambda q, k, v, d: chunked_ttt_attention(q, k, v, d, chunk), n) for n in lengths
+    }
+    dense = {n: attention_peak(dense_ttt_attention, n) for n in lengths if n <= dense_max}
+
+    def table(peaks: dict[int, int]) -> list[dict]:
+        rows, previous = [], None
+        for n, peak in peaks.items():
+            rows.append(
+                {
+                    "length": n,
+                    "peak_mib": round(peak / 2**20, 2),
+                    "ratio_to_half_length": round(peak / previous, 3) if previous else None,
+                }
+            )
+            previous = peak
+        return rows
+
+    ratios = [r["ratio_to_half_length"] for r in table(chunked) if r["ratio_to_half_length"]]
+    return {
+        "steps": TTT_STEPS,
+        "heads": HEADS,
+        "kv_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "chunk": chunk,
+        "chunked": table(chunked),
+        "dense_reference": table(dense),
+        "chunked_grows_linearly": all(r < 2.3 for r in ratios),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--dense-max", type=int, default=2048)
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--output", default=str(REPO / "bench" / "results" / "train.json"))
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    results: dict = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "load_average_at_start": os.getloadavg(),
+        }
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        write_random_features(data_dir, samples=4 * (args.steps + 1), length=512)
+        results["throughput"] = {
+            "recipe": "eagle3_smollm2 (fp32, 1 process, chunked TTT attention, 4 x 512 tokens per step)",
+            "runs": [train_throughput(data_dir, args.steps, threads) for threads in (1, None)],
+        }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    results["ttt_attention_memory"] = attention_memory(args.lengths, args.dense_max, args.chunk)
+    torch.set_num_threads(threads)
+    results["machine"]["load_average_at_end"] = os.getloadavg()
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = output.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(results, indent=2) + "\n")
+    tmp_out.replace(output)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
