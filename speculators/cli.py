@@ -16,6 +16,7 @@ from collections.abc import Sequence
 SUBCOMMAND_MODULES = (
     "speculators.format.command",
     "speculators.export.command",
+    "speculators.eval.command",
 )
 
 

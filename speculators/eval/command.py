@@ -1,0 +1,82 @@
+"""``speculators eval DRAFT``: acceptance length, per-position acceptance and speedup, as JSON and a plot."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="measure a draft: acceptance length, per-position acceptance, speedup over plain decoding",
+        description="Decode the prompts with the verifier alone, then with the draft (greedy or lossless "
+        "sampling), and write results.json and acceptance.png.",
+    )
+    parser.add_argument("draft", help="exported draft dir, trainer checkpoint (step-<N>) or training run dir")
+    parser.add_argument(
+        "--verifier", help="HF dir, hub id or 'smollm2' (default: the draft config's verifier)"
+    )
+    parser.add_argument(
+        "--prompts",
+        help="chat JSONL (messages / conversations / prompt per line) or a data_gen output dir (its "
+        "heldout_conversations.jsonl); default: the 32 prompts shipped with the package",
+    )
+    parser.add_argument("--max-prompts", type=int, help="use only the first N prompts")
+    parser.add_argument(
+        "-k", "--k", type=int, nargs="*", default=[3], help="chain lengths to run (default: 3)"
+    )
+    parser.add_argument("--tree", action="store_true", help="also run an EAGLE-2 tree")
+    parser.add_argument(
+        "--tree-topk", type=int, default=4, help="children per node / nodes expanded per depth"
+    )
+    parser.add_argument("--tree-depth", type=int, default=4, help="draft steps (maximum tree depth)")
+    parser.add_argument(
+        "--tree-budget", type=int, default=16, help="drafted tokens the verifier checks per step"
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--no-plain", action="store_true", help="skip the plain baseline (no speedup reported)"
+    )
+    parser.add_argument(
+        "--vllm", action="store_true", help="also run the chains through vLLM and report both"
+    )
+    parser.add_argument(
+        "--output", default="eval_results", help="directory for results.json and acceptance.png"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from speculators.eval.evaluation import EvalSettings, TreeSettings, evaluate, format_table
+
+    settings = EvalSettings(
+        ks=list(args.k),
+        tree=TreeSettings(args.tree_topk, args.tree_depth, args.tree_budget) if args.tree else None,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        max_prompts=args.max_prompts,
+        seed=args.seed,
+        compare_plain=not args.no_plain,
+        vllm=args.vllm,
+    )
+    results = evaluate(
+        args.draft,
+        args.verifier,
+        args.prompts,
+        settings,
+        Path(args.output),
+        dtype=args.dtype,
+        device=args.device,
+    )
+    print(format_table(results))
+    print(f"wrote {Path(args.output) / 'results.json'} and {Path(args.output) / 'acceptance.png'}")
+    return 0

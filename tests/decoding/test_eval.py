@@ -1,0 +1,128 @@
+"""``speculators eval`` and the ``evaluate`` API: draft layouts, prompt files, results JSON and plot."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from speculators.cli import main
+from speculators.eval.prompts import load_prompts, render_prompts
+
+
+@pytest.fixture(scope="module")
+def exported_draft(tmp_path_factory, fitted_llama_draft, tiny_llama_dir):
+    """The fitted draft saved in the standard format, naming the tiny Llama as its verifier."""
+    draft = copy.deepcopy(fitted_llama_draft)
+    draft.config.speculators_config.verifier.name_or_path = str(tiny_llama_dir)
+    return draft.save_pretrained(
+        tmp_path_factory.mktemp("drafts") / "fitted", dtype=__import__("torch").float32
+    )
+
+
+def test_cli_writes_results_and_plot(exported_draft, tmp_path, capsys):
+    out = tmp_path / "eval"
+    code = main(
+        [
+            "eval",
+            str(exported_draft),
+            "--k",
+            "1",
+            "3",
+            "--tree",
+            "--tree-topk",
+            "2",
+            "--tree-depth",
+            "3",
+            "--tree-budget",
+            "5",
+            "--max-prompts",
+            "6",
+            "--max-new-tokens",
+            "16",
+            "--batch-size",
+            "3",
+            "--output",
+            str(out),
+        ]
+    )
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert (out / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
+    assert (
+        results["verifier"]
+        == json.loads((exported_draft / "config.json").read_text())["speculators_config"]["verifier"][
+            "name_or_path"
+        ]
+    )
+    assert results["prompts"]["count"] == 6 and results["plain"]["generated_tokens"] > 0
+    assert [r["name"] for r in results["runs"]] == ["chain-k1", "chain-k3", "tree-top2-d3-n5"]
+    for run in results["runs"]:
+        assert run["matches_plain"] == 1.0  # greedy speculative output equals plain output
+        assert 1.0 <= run["acceptance_length_per_sample_mean"] <= run["k"] + 1
+        assert 1.0 < run["acceptance_length_global"] <= run["k"] + 1  # the fitted draft is accepted sometimes
+        assert len(run["per_position_acceptance_conditional"]) == run["k"] and run["speedup"] > 0
+    assert "chain-k3" in capsys.readouterr().out
+
+
+def test_api_resolves_a_trainer_run_and_samples(exported_draft, tmp_path, tiny_llama, smollm2_tokenizer):
+    import shutil
+
+    from speculators.eval import evaluate
+    from speculators.eval.evaluation import EvalSettings
+
+    step = tmp_path / "run" / "checkpoints" / "step-7"
+    shutil.copytree(exported_draft, step / "draft")
+    (tmp_path / "run" / "checkpoints" / "best.json").write_text(json.dumps({"step": 7, "path": "step-7"}))
+    settings = EvalSettings(ks=[2], temperature=0.8, top_p=0.9, max_new_tokens=12, max_prompts=4)
+    results = evaluate(tmp_path / "run", (tiny_llama, smollm2_tokenizer), settings=settings)
+    assert results["draft"].endswith("step-7/draft")
+    run = results["runs"][0]
+    assert (
+        "matches_plain" not in run and run["verify_steps"] > 0
+    )  # sampling: outputs differ, nothing to match
+
+
+def test_prompt_files_in_every_layout(tmp_path, smollm2_tokenizer):
+    lines = [
+        {
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"},
+                {"role": "user", "content": "Bye?"},
+                {"role": "assistant", "content": "Bye"},
+            ]
+        },
+        {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "2+2?"}]},
+        {"prompt": "Name a colour."},
+    ]
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "heldout_conversations.jsonl").write_text(
+        "\n".join(json.dumps(line) for line in lines) + "\n"
+    )
+    prompts = load_prompts(data_dir)
+    assert prompts[0][-1] == {"role": "user", "content": "Bye?"} and len(prompts[0]) == 3
+    assert prompts[1] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    assert prompts[2] == [{"role": "user", "content": "Name a colour."}]
+    rendered = render_prompts(smollm2_tokenizer, prompts)
+    assert smollm2_tokenizer.decode(rendered[2]).rstrip().endswith("assistant")
+    assert len(load_prompts(None)) == 32
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"text": "x"}', "no 'messages'"),
+        ('{"messages": [{"role": "assistant", "content": "x"}]}', "no user message"),
+        ('{"messages": [{"role": "robot", "content": "x"}]}', "unknown role"),
+    ],
+)
+def test_bad_prompt_files_name_the_line(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message) as info:
+        load_prompts(path)
+    assert f"{path}:2" in str(info.value)
