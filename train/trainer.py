@@ -243,7 +243,7 @@ class Trainer:
                 verifier_logits = target_logits(
                     self.head, batch.last_hidden, needed_positions(batch.loss_mask)
                 )
-                loss = logits.new_zeros((), dtype=torch.float32)
+                loss = logits[0].new_zeros((), dtype=torch.float32)
                 for j, weight in enumerate(self.weights):
                     terms = step_terms(logits[j], verifier_logits, step_mask, j, topk)
                     loss = loss + weight * (terms.ce + self.topk_weight * terms.topk) / trained[j].float()

@@ -2,7 +2,7 @@
 
 DDP and DeepSpeed expect exactly one forward per backward of the module they wrap, so the whole unroll (feature
 projection, k drafting steps sharing one :class:`TTTAttention`) lives in :meth:`TTTDraft.forward`, which returns
-the draft-vocabulary logits of every step, ``[k, B, L, Vd]``.
+the draft-vocabulary logits of every step (k tensors ``[B, L, Vd]``).
 
 Step j (0-based) at position t feeds token x_{t+1+j} at rope position ``position_ids + j`` (the position the
 token has at inference, as vLLM's proposer advances it), and as hidden input either the projected verifier feature
@@ -48,8 +48,8 @@ class TTTDraft(nn.Module):
         position_ids: torch.Tensor,
         document_ids: torch.Tensor,
         steps: int | None = None,
-    ) -> torch.Tensor:
-        """``[k, B, L, draft V]`` logits; ``steps`` overrides k (evaluation may unroll further than training)."""
+    ) -> tuple[torch.Tensor, ...]:
+        """k tensors ``[B, L, draft V]``; ``steps`` overrides k (evaluation may unroll further than training)."""
         steps = steps or self.steps
         hidden = self.draft.project_features(aux_hidden.to(self.draft.fc.weight.dtype))
         attend = TTTAttention(document_ids, self.attention_backend, self.chunk_size)
@@ -59,7 +59,7 @@ class TTTDraft(nn.Module):
             logits.append(step_logits)
             if self.detach_context:
                 hidden = hidden.detach()
-        return torch.stack(logits)
+        return tuple(logits)  # no stacked copy of k × [B, L, Vd]
 
 
 __all__ = ["TTTDraft"]

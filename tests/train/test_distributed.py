@@ -1,6 +1,6 @@
-"""Real multi-process runs through `accelerate launch` on CPU (gloo): 2-process DDP, ZeRO-2 and ZeRO-3 compute the
-same losses and weights as 1 process on the same global batch, and a 2-process run killed with SIGKILL at an
-arbitrary point resumes to bit-identical final weights."""
+"""Real multi-process runs through `accelerate launch` on CPU (gloo): 2-process DDP, ZeRO-2 and ZeRO-3 (with and
+without gradient accumulation, with feature noise) compute the same losses and weights as 1 process on the same
+global batch, and a 2-process run killed with SIGKILL at an arbitrary point resumes to bit-identical weights."""
 
 from __future__ import annotations
 
@@ -81,10 +81,13 @@ def test_zero2_two_processes_equal_one(one_process_run, zero2_run):
 
 @pytest.mark.parametrize("backend", ["zero3", "none"])
 def test_zero3_and_ddp_two_processes_equal_one(backend, one_process_run, sharp_verifier, tiny_data, tmp_path):
+    """With gradient accumulation too: 2 processes × 2 micro batches of 1 = the same global batch of 4."""
     run_dir = tmp_path / "run"
-    result = run_launch(
-        2, tiny_overrides(sharp_verifier, tiny_data, run_dir, *COMMON, f"deepspeed={backend}"), tmp_path
+    accumulate = ("train.micro_batch_size=1", "train.grad_accum=2")
+    overrides = tiny_overrides(
+        sharp_verifier, tiny_data, run_dir, *COMMON, *accumulate, f"deepspeed={backend}"
     )
+    result = run_launch(2, overrides, tmp_path)
     kind = "DEEPSPEED" if backend == "zero3" else "MULTI_CPU"
     assert f"on 2 process(es), {kind}" in result.stdout + result.stderr
     assert_close_runs(one_process_run, run_dir, atol=1e-5)
