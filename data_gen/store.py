@@ -30,7 +30,8 @@ Shard file (one safetensors file; samples packed along the token axis, no paddin
     input_ids int32 [N], loss_mask bool [N], offsets int64 [S+1] (sample s = rows offsets[s]:offsets[s+1]),
     aux_hidden [N, n*H] and last_hidden [N, H] in bf16, or in float8_e4m3fn with float32 scales
     aux_scale [N, n] (one per token per aux layer: layers differ in magnitude) and last_scale [N, 1];
-    metadata "sample_ids" (JSON list).
+    metadata key "speculators_train": JSON {"format", "format_version", "sample_ids"} (a single key keeps the bytes
+    of a rewritten shard identical: safetensors orders several metadata keys by hash).
 
 Writing: each shard goes to a temporary name, is hashed (sha256), fsynced and renamed; then its record
 ``shard-XXXXX.json`` (sample ids, token counts, sha256, bytes) is written the same way. A shard counts as done only
@@ -203,7 +204,10 @@ def write_shard(
     ids = [s.sample_id for s in samples]
     tmp = temp_sibling(target)
     try:
-        save_file(tensors, str(tmp), metadata={"sample_ids": json.dumps(ids), "format": FORMAT_NAME})
+        # ONE metadata key: safetensors writes a metadata dict in hash order, so several keys would make two
+        # writes of the same shard differ in bytes (and in sha256) from run to run.
+        header = json.dumps({"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "sample_ids": ids})
+        save_file(tensors, str(tmp), metadata={"speculators_train": header})
         digest = sha256_file(tmp)
         size = tmp.stat().st_size
         fsync_replace(tmp, target)

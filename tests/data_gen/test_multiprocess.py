@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from data_gen.store import FeatureDataset, read_manifest, read_token_counts
@@ -50,7 +49,6 @@ def launch(processes: int, verifier: Path, source: Path, out: Path, tmp: Path) -
     return result
 
 
-@pytest.mark.slow  # two interpreter launches plus a 2-rank one: ~30-45 s on 2 shared cores
 def test_two_ranks_write_the_same_samples_as_one(tiny_llama_dir, tmp_path):
     source = write_jsonl(tmp_path / "chats.jsonl", chat_records(16, turns=2))
     one = launch(1, tiny_llama_dir, source, tmp_path / "one", tmp_path / "h1")
@@ -65,3 +63,9 @@ def test_two_ranks_write_the_same_samples_as_one(tiny_llama_dir, tmp_path):
             torch.testing.assert_close(x["aux_hidden"], y["aux_hidden"], rtol=1e-2, atol=1e-2)
             torch.testing.assert_close(x["last_hidden"], y["last_hidden"], rtol=1e-2, atol=1e-2)
     assert torch.equal(read_token_counts(tmp_path / "one")[0], read_token_counts(tmp_path / "two")[0])
+    # same threads (OMP_NUM_THREADS=1) and the same batches per shard: the very same bytes
+    for split in ("train", "heldout"):
+        digests = [
+            [s["sha256"] for s in read_manifest(tmp_path / run / split)["shards"]] for run in ("one", "two")
+        ]
+        assert digests[0] == digests[1]

@@ -241,17 +241,15 @@ def test_regeneration_is_turn_by_turn_and_resumable(tiny_llama_dir, chats, smoll
     torch.testing.assert_close(FeatureDataset(out / "train")[0]["aux_hidden"], first["aux_hidden"])
 
 
-def test_vllm_backend_without_the_bridge_says_so(tiny_llama_dir, chats, tmp_path):
-    pytest.importorskip("torch")
-    try:
-        import speculators.serving.vllm_bridge  # noqa: F401
-
-        pytest.skip("the vLLM bridge is installed; its own tests cover it")
-    except ImportError:
-        pass
+def test_vllm_backend_without_its_virtualenv_says_so(tiny_llama_dir, chats, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECULATORS_VLLM_PYTHON", str(tmp_path / "no-such-venv" / "python"))
     regen = {"enabled": True, "backend": "vllm"}
-    with pytest.raises(RuntimeError, match="backend=vllm is not available.*backend=transformers"):
-        run_data_gen(make_config(tiny_llama_dir, chats, tmp_path / "data", data_gen__regenerate=regen))
+    out = tmp_path / "data"
+    with pytest.raises(
+        RuntimeError, match="backend=vllm is not available.*make vllm-env.*backend=transformers"
+    ):
+        run_data_gen(make_config(tiny_llama_dir, chats, out, data_gen__regenerate=regen))
+    assert not out.exists()
 
 
 def test_recipe_groups_compose_with_hydra():
@@ -268,3 +266,40 @@ def test_recipe_groups_compose_with_hydra():
     data, gen = DataSettings.from_mapping(config["data"]), GenSettings.from_mapping(config["data_gen"])
     assert data.source == "sharegpt_builtin" and gen.output_dir == "outputs/eagle3_smollm2/data"
     assert gen.storage_dtype == "bfloat16" and not gen.regenerate.enabled
+
+
+@pytest.mark.consumer
+@pytest.mark.slow  # one vLLM engine start in its own virtualenv: ~30-60 s on 2 shared cores
+def test_vllm_regeneration_matches_transformers_greedy(smollm2_dir, tmp_path):
+    from speculators.serving.vllm_bridge import vllm_available
+
+    if not vllm_available():
+        pytest.skip("no vLLM virtualenv (make vllm-env)")
+    source = write_jsonl(
+        tmp_path / "qa.jsonl",
+        [
+            {
+                "id": "fr",
+                "messages": [
+                    {"role": "user", "content": "What is the capital of France?"},
+                    {"role": "assistant", "content": "I do not know."},
+                ],
+            },
+        ],
+    )
+    answers = {}
+    for backend in ("vllm", "transformers"):
+        regen = {
+            "enabled": True,
+            "backend": backend,
+            "temperature": 0.0,
+            "max_new_tokens": 16,
+            "batch_size": 4,
+        }
+        out = tmp_path / backend
+        config = make_config(smollm2_dir, source, out, data__heldout_fraction=0.0, data_gen__regenerate=regen)
+        run_data_gen(config)
+        [entry] = [json.loads(line) for line in (out / "regenerated" / "train" / "shard-00000.jsonl").open()]
+        answers[backend] = entry["messages"][1]["content"]
+    assert "Paris" in answers["vllm"]
+    assert answers["vllm"] == answers["transformers"]  # fp32 greedy, one prompt
