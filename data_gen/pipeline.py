@@ -287,11 +287,18 @@ class ShardWorker:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else prepared.masker.eot_id
         self.regenerator = prepared.regenerator
 
-    def shard(self, split: str, index: int, conversations: list[Conversation]) -> dict[str, Any]:
+    def shard(
+        self,
+        split: str,
+        index: int,
+        conversations: list[Conversation],
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Regenerate (optional), mask, capture and write one shard; ``progress(n)`` after each regenerated batch."""
         counts: Counter = Counter()
         if self.regenerator is not None:
             cache = self.out / "regenerated" / split / f"shard-{index:05d}.jsonl"
-            conversations, regen_counts = self.regenerator.regenerate(conversations, cache)
+            conversations, regen_counts = self.regenerator.regenerate(conversations, cache, progress)
             counts.update({f"regenerate_{k}": v for k, v in regen_counts.items()})
         encoded, mask_counts = encode_conversations(self.p.masker, conversations, self.p.data)
         counts.update(mask_counts)
@@ -349,10 +356,17 @@ def run_data_gen(
     total = sum(len(prepared.splits[s][k * size : (k + 1) * size]) for s, k in pending)
     tokens = 0
     work_started = time.time()
-    with tqdm(total=total, unit="conv", desc=f"data_gen rank {dist.rank}", disable=not dist.is_main) as bar:
+    quiet = not dist.is_main
+    regenerating = prepared.regenerator is not None
+    with (
+        tqdm(
+            total=total, unit="conv", desc="regenerate", disable=quiet or not regenerating, position=1
+        ) as regen,
+        tqdm(total=total, unit="conv", desc=f"data_gen rank {dist.rank}", disable=quiet, position=0) as bar,
+    ):
         for split, k in pending:
             conversations = prepared.splits[split][k * size : (k + 1) * size]
-            record = worker.shard(split, k, conversations)
+            record = worker.shard(split, k, conversations, regen.update)
             tokens += record["num_tokens"]
             bar.update(len(conversations))
             bar.set_postfix(tok_s=f"{tokens / max(time.time() - work_started, 1e-9):.0f}", split=split)
