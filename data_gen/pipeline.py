@@ -444,4 +444,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["Distributed", "GenSettings", "capture_samples", "format_summary", "prepare", "run_data_gen"]
+__all__ = [
+    "Distributed",
+    "GenSettings",
+    "capture_samples",
+    "encode_conversations",
+    "format_summary",
+    "prepare",
+    "run_data_gen",
+]
