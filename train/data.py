@@ -191,32 +191,39 @@ class BatchPlan:
 
 
 class MicroBatchStream(Dataset):
-    """The micro batches one rank consumes in one epoch from ``first_step`` on, in order (``batch_size=None``)."""
+    """The micro batches one rank consumes for optimizer steps ``[first_step, last_step)``, in order, across
+    epochs (``batch_size=None``). One loader for the whole run keeps DataLoader workers (and what they cached,
+    such as verified shards) alive between epochs."""
 
     def __init__(
-        self, source: Dataset, plan: BatchPlan, rank: int, epoch: int, first_step: int, collate
+        self, source: Dataset, plan: BatchPlan, rank: int, first_step: int, last_step: int, collate
     ) -> None:
-        self.source, self.plan, self.rank, self.epoch = source, plan, rank, epoch
-        self.first_step, self.collate = first_step, collate
+        self.source, self.plan, self.rank, self.collate = source, plan, rank, collate
+        self.first_step, self.last_step = first_step, last_step
 
     def __len__(self) -> int:
-        return max(0, self.plan.steps_per_epoch - self.first_step) * self.plan.grad_accum
+        return max(0, self.last_step - self.first_step) * self.plan.grad_accum
 
     def __getitem__(self, item: int):
         step = self.first_step + item // self.plan.grad_accum
-        indices = self.plan.micro_indices(self.epoch, step, item % self.plan.grad_accum, self.rank)
-        samples = [
-            dict(self.source[i], noise_seed=noise_seed(self.plan.seed, self.epoch, i)) for i in indices
-        ]
+        epoch, step_in_epoch = divmod(step, self.plan.steps_per_epoch)
+        indices = self.plan.micro_indices(epoch, step_in_epoch, item % self.plan.grad_accum, self.rank)
+        samples = [dict(self.source[i], noise_seed=noise_seed(self.plan.seed, epoch, i)) for i in indices]
         return self.collate(samples)
 
 
-def epoch_loader(
-    source: Dataset, plan: BatchPlan, rank: int, epoch: int, first_step: int, collate, num_workers: int = 0
+def run_loader(
+    source: Dataset,
+    plan: BatchPlan,
+    rank: int,
+    first_step: int,
+    last_step: int,
+    collate,
+    num_workers: int = 0,
 ) -> DataLoader:
-    stream = MicroBatchStream(source, plan, rank, epoch, first_step, collate)
+    stream = MicroBatchStream(source, plan, rank, first_step, last_step, collate)
     return DataLoader(
-        stream, batch_size=None, shuffle=False, num_workers=num_workers, persistent_workers=False
+        stream, batch_size=None, shuffle=False, num_workers=num_workers, persistent_workers=num_workers > 0
     )
 
 
@@ -322,7 +329,7 @@ __all__ = [
     "TokenDataset",
     "assign_rows",
     "encode_conversations",
-    "epoch_loader",
+    "run_loader",
     "eval_groups",
     "identity_collate",
     "pack_documents",

@@ -48,10 +48,10 @@ from train.data import (
     OnlineFeatures,
     TokenDataset,
     encode_conversations,
-    epoch_loader,
     eval_groups,
     identity_collate,
     pack_documents,
+    run_loader,
 )
 from train.evaluation import evaluate
 from train.logs import RunLogger, console_line, eval_line
@@ -267,53 +267,56 @@ class Trainer:
         self.logger = RunLogger(cfg, self.run_dir, self.is_main, self.total_steps, progress.step)
         self._announce(progress)
         per_epoch = self.plan.steps_per_epoch
-        sums = self._new_sums()
-        log_every = int(cfg.logging.log_every)
         eval_every, save_every = int(cfg.train.eval_every), int(cfg.train.save_every)
-        window_start = time.time()
-        last_log_step = progress.step
-        run_start, run_start_step = time.time(), progress.step
+        loader = run_loader(
+            self.train_set,
+            self.plan,
+            self.rank,
+            progress.step,
+            self.total_steps,
+            self.collate,
+            int(cfg.train.num_workers),
+        )
+        stream = iter(loader)
+        self._window = {"sums": self._new_sums(), "seconds": 0.0, "since": progress.step}
+        self._run_start = (time.time(), progress.step)
         self._last_eval_step = self._last_save_step = progress.step if progress.step else -1
         while progress.step < self.total_steps:
-            epoch, first = divmod(progress.step, per_epoch)
-            loader = epoch_loader(
-                self.train_set, self.plan, self.rank, epoch, first, self.collate, int(cfg.train.num_workers)
-            )
-            stream = iter(loader)
-            for step_in_epoch in range(first, per_epoch):
-                if progress.step >= self.total_steps:
-                    break
-                lr = lr_at(cfg, progress.step, self.total_steps)
-                set_lr(self.optimizer, lr)
-                self._train_step([next(stream) for _ in range(self.plan.grad_accum)], sums)
-                progress.step += 1
-                progress.epoch, progress.step_in_epoch = divmod(progress.step, per_epoch)
-                progress.samples_seen += self.plan.global_batch
-                if log_every and progress.step % log_every == 0 or progress.step == self.total_steps:
-                    elapsed = time.time() - window_start
-                    record = self._train_record(sums, progress, lr, elapsed, last_log_step)
-                    progress.tokens_seen += int(record["tokens"])
-                    progress.train_seconds += elapsed
-                    done = progress.step - run_start_step
-                    record["eta_s"] = (
-                        (time.time() - run_start) / max(done, 1) * (self.total_steps - progress.step)
-                    )
-                    self.logger.log(record, console_line(record, self.total_steps))
-                    self.logger.advance(
-                        progress.step - last_log_step, {"tok/s": f"{record['tokens_per_s']:.0f}"}
-                    )
-                    sums = self._new_sums()
-                    window_start, last_log_step = time.time(), progress.step
-                epoch_end = step_in_epoch + 1 == per_epoch
-                last = progress.step == self.total_steps
-                improved = False
-                if self._due(eval_every, progress.step, epoch_end) or last:
-                    improved = self._evaluate(progress)
-                if improved or self._due(save_every, progress.step, epoch_end) or last:
-                    self._save(progress, improved)
-            del stream, loader
+            lr = lr_at(cfg, progress.step, self.total_steps)
+            set_lr(self.optimizer, lr)
+            window = [next(stream) for _ in range(self.plan.grad_accum)]
+            started = time.time()
+            self._train_step(window, self._window["sums"])
+            self._window["seconds"] += time.time() - started
+            progress.step += 1
+            progress.epoch, progress.step_in_epoch = divmod(progress.step, per_epoch)
+            progress.samples_seen += self.plan.global_batch
+            last = progress.step == self.total_steps
+            epoch_end = progress.step_in_epoch == 0
+            log_every = int(cfg.logging.log_every)
+            if (log_every and progress.step % log_every == 0) or last:
+                self._log_train(progress, lr)
+            improved = False
+            if self._due(eval_every, progress.step, epoch_end) or last:
+                improved = self._evaluate(progress)
+            if improved or self._due(save_every, progress.step, epoch_end) or last:
+                self._save(progress, improved)
+        del stream, loader
         self.logger.close()
         return {"step": progress.step, "best": progress.best, "metrics": progress.metrics}
+
+    def _log_train(self, progress: Progress, lr: float) -> None:
+        """One metrics record + console line for the steps since the last one (collective: all ranks call it)."""
+        window = self._window
+        record = self._train_record(window["sums"], progress, lr, window["seconds"], window["since"])
+        progress.tokens_seen += int(record["tokens"])
+        progress.train_seconds += window["seconds"]
+        wall_start, first_step = self._run_start
+        per_step = (time.time() - wall_start) / max(progress.step - first_step, 1)
+        record["eta_s"] = per_step * (self.total_steps - progress.step)
+        self.logger.log(record, console_line(record, self.total_steps))
+        self.logger.advance(progress.step - window["since"], {"tok/s": f"{record['tokens_per_s']:.0f}"})
+        self._window = {"sums": self._new_sums(), "seconds": 0.0, "since": progress.step}
 
     @staticmethod
     def _due(every: int, step: int, epoch_end: bool) -> bool:
@@ -393,7 +396,7 @@ class Trainer:
         record: dict[str, Any] = {
             "step": progress.step,
             "kind": "train",
-            "epoch": progress.epoch,
+            "epoch": round(progress.step / self.plan.steps_per_epoch, 4),
             "lr": lr,
             "train/loss": float(
                 sum(w * (per_ce[j] + self.topk_weight * per_topk[j]) for j, w in enumerate(self.weights))
@@ -427,7 +430,8 @@ class Trainer:
             bool(self.cfg.train.mask_out_of_vocab),
         )
         progress.metrics = metrics
-        record = {"step": progress.step, "kind": "eval", "epoch": progress.epoch, **metrics}
+        epoch = round(progress.step / self.plan.steps_per_epoch, 4)
+        record = {"step": progress.step, "kind": "eval", "epoch": epoch, **metrics}
         self.logger.log(record, eval_line(record))
         accept = metrics["eval/acceptance_length"]
         if accept > progress.best.get("acceptance_length", -math.inf):

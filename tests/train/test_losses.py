@@ -63,7 +63,7 @@ def test_step_terms_match_hand_computation():
         top_ref += float(-sum(p[i] * logq[i] for i in top))
         correct += int(draft[0, t].argmax() == verifier[0, t + 1 + step].argmax())
     assert math.isclose(float(terms.ce.detach()), ce_ref, rel_tol=1e-5)
-    assert math.isclose(float(terms.topk), top_ref, rel_tol=1e-5)
+    assert math.isclose(float(terms.topk.detach()), top_ref, rel_tol=1e-5)
     assert float(terms.correct) == correct
     assert masks.trained[step].sum() == length - 2 - step
 

@@ -13,6 +13,7 @@ It lives in the ``hydra_plugins`` namespace because Hydra only instantiates laun
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -28,6 +29,12 @@ def accelerate_command() -> list[str]:
     """The ``accelerate`` console script of this interpreter's environment."""
     script = Path(sys.executable).with_name("accelerate")
     return [str(script)] if script.exists() else [shutil.which("accelerate") or "accelerate"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class AccelerateLauncher(Launcher):
@@ -57,6 +64,8 @@ class AccelerateLauncher(Launcher):
         launch += ["--dynamo_backend", "no", "--mixed_precision", "no"]
         if self.num_processes > 1:
             launch.append("--multi_gpu")  # required on CPU hosts too: without it accelerate runs ONE process
+            if "--main_process_port" not in self.extra_args:  # a fixed default port collides with other runs
+                launch += ["--main_process_port", str(free_port())]
         script = Path(self.script)
         if not script.is_absolute():
             script = Path(__file__).resolve().parents[2] / script
