@@ -23,14 +23,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from speculators.format.config import default_aux_layer_ids
 from speculators.verifier import capture_aux_states, check_aux_layer_ids, decoder_layers, final_norm
 
 LAYER_CONVENTION = "vllm: residual stream entering layer k"
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's default ``[2, L//2, L-3]`` (Llama-3.1-8B: [2, 16, 29])."""
-    return [2, num_layers // 2, num_layers - 3]
 
 
 def resolve_aux_layer_ids(aux_layer_ids: Sequence[int] | None, num_layers: int) -> list[int]:

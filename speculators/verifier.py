@@ -124,9 +124,9 @@ def tiny_verifier_config(arch: str = "llama", **overrides: Any) -> Any:
         vocab_size=512,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_hidden_layers=8,
+        num_attention_heads=2,  # head_dim 32: the smallest head size vLLM's CPU attention serves
+        num_key_value_heads=1,
         max_position_embeddings=1024,
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
@@ -174,11 +174,19 @@ def final_norm(model: nn.Module) -> nn.Module:
 
 
 def check_aux_layer_ids(layer_ids: Sequence[int], num_layers: int) -> None:
+    """Refuse ids outside [0, L], and repeated or unsorted ids: vLLM sorts and de-duplicates them before
+    concatenating, so any other order would feed the draft's fc its features shuffled or too narrow."""
     bad = [i for i in layer_ids if not 0 <= int(i) <= num_layers]
     if bad:
         raise ValueError(
             f"aux layer ids {bad} are outside [0, {num_layers}] for this {num_layers}-layer verifier "
             "(id k = residual stream entering layer k, id L = last state before the final norm); fix the recipe"
+        )
+    ids = [int(i) for i in layer_ids]
+    if ids != sorted(set(ids)):
+        raise ValueError(
+            f"aux layer ids {ids} must be distinct and ascending (vLLM sorts and de-duplicates them); "
+            f"use {sorted(set(ids))} in the recipe"
         )
 
 

@@ -224,8 +224,13 @@ class Eagle3Config:
 
 
 def default_aux_layer_ids(num_verifier_layers: int) -> list[int]:
-    """vLLM's default EAGLE-3 aux ids for an L-layer verifier: ``[2, L//2, L-3]``."""
+    """vLLM's default EAGLE-3 aux ids for an L-layer verifier: ``[2, L//2, L-3]``.
+
+    For very shallow (test) verifiers that formula repeats an id (L=6 gives [2, 3, 3]); vLLM de-duplicates the ids
+    and the fc input would then be too narrow, so such verifiers get the distinct ``[1, L//2, L-1]`` instead.
+    """
     n = num_verifier_layers
     if n < 4:
-        raise ValueError(f"a verifier with {n} layers is too shallow for the default aux ids [2, L//2, L-3]")
-    return [2, n // 2, n - 3]
+        raise ValueError(f"a verifier with {n} layers is too shallow for three distinct aux layers")
+    ids = [2, n // 2, n - 3]
+    return ids if ids[0] < ids[1] < ids[2] else [1, n // 2, n - 1]

@@ -132,6 +132,12 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
         yield error("eagle_aux_hidden_state_layer_ids must be a non-empty list of integers")
     elif ids is None:
         yield warning("eagle_aux_hidden_state_layer_ids is missing; vLLM will use its default [2, L//2, L-3]")
+    elif ids != sorted(set(ids)):
+        yield error(
+            f"eagle_aux_hidden_state_layer_ids {ids} are repeated or unsorted: vLLM sorts and de-duplicates them "
+            "before concatenating, so fc would read its features shuffled or too narrow; sort them and permute "
+            "fc.weight's column blocks to match (`speculators convert` does both)"
+        )
     for flag in ("norm_before_fc", "fc_norm", "norm_output"):
         if config.get(flag):
             yield warning(f"{flag} is true: only recent vLLM releases read it; a max-compat export leaves it false")

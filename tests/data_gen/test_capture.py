@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from data_gen.capture import FeatureCapture, default_aux_layer_ids, verifier_fingerprint
+from data_gen.capture import FeatureCapture, verifier_fingerprint
+from speculators.format.config import default_aux_layer_ids
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_aux_id_k_is_the_residual_stream_entering_layer_k(tiny_llama):
 
 def test_default_ids_padding_side_and_dtype(tiny_llama):
     capture = FeatureCapture(tiny_llama)
-    assert capture.aux_layer_ids == default_aux_layer_ids(6) == [2, 3, 3]
+    assert capture.aux_layer_ids == default_aux_layer_ids(8) == [2, 4, 5]
     ids, mask = batch(1)
     right = capture.capture(ids, mask)
     assert right["aux_hidden"].dtype == torch.float32 and right["last_hidden"].shape == (2, 9, 64)
@@ -61,9 +62,15 @@ def test_default_ids_padding_side_and_dtype(tiny_llama):
     assert kept["aux_hidden"].dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("bad", [[-1, 2], [2, 7]])
+@pytest.mark.parametrize("bad", [[-1, 2], [2, 9]])
 def test_aux_ids_outside_zero_to_L_are_refused(tiny_llama, bad):
-    with pytest.raises(ValueError, match=r"outside \[0, 6\].*fix the recipe"):
+    with pytest.raises(ValueError, match=r"outside \[0, 8\].*fix the recipe"):
+        FeatureCapture(tiny_llama, bad)
+
+
+@pytest.mark.parametrize("bad", [[2, 4, 4], [5, 2, 4]])
+def test_repeated_or_unsorted_aux_ids_are_refused(tiny_llama, bad):
+    with pytest.raises(ValueError, match="distinct and ascending"):
         FeatureCapture(tiny_llama, bad)
 
 

@@ -61,7 +61,7 @@ def test_output_follows_the_trainer_contract(finished, tiny_llama_dir, smollm2_t
     assert all(m["role"] in ("user", "assistant") for h in held for m in h["messages"])
 
     manifest = train.manifest
-    assert manifest["aux_layer_ids"] == [2, 3, 3] and manifest["num_hidden_layers"] == 6
+    assert manifest["aux_layer_ids"] == [2, 4, 5] and manifest["num_hidden_layers"] == 8
     assert manifest["layer_convention"] == "vllm: residual stream entering layer k"
     assert (manifest["hidden_size"], manifest["vocab_size"]) == (64, len(smollm2_tokenizer))
     assert manifest["tokenizer"]["fingerprint"] == tokenizer_fingerprint(smollm2_tokenizer)
@@ -161,8 +161,8 @@ def test_bad_inputs_are_refused_before_anything_is_written(
     from speculators.verifier import build_tiny_verifier
 
     out = tmp_path / "data"
-    with pytest.raises(ValueError, match=r"aux layer ids \[7\] are outside \[0, 6\]"):
-        run_data_gen(make_config(tiny_llama_dir, chats, out, verifier__aux_layer_ids=[2, 3, 7]))
+    with pytest.raises(ValueError, match=r"aux layer ids \[9\] are outside \[0, 8\]"):
+        run_data_gen(make_config(tiny_llama_dir, chats, out, verifier__aux_layer_ids=[2, 3, 9]))
     broken = tmp_path / "broken.jsonl"
     broken.write_text(chats.read_text() + '{"id": "x", "conversations": [{"from": "human"\n')
     with pytest.raises(SourceError, match="broken.jsonl line 19: not valid JSON"):

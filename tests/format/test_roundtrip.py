@@ -105,3 +105,12 @@ def test_from_verifier_copies_rope_scaling():
 
     reference = LlamaRotaryEmbedding(LlamaConfig(**{k: v for k, v in verifier.items() if k != "architectures"}))
     assert torch.allclose(model.rotary_emb.inv_freq, reference.inv_freq)
+
+
+@pytest.mark.parametrize(
+    ("layers", "expected"), [(32, [2, 16, 29]), (30, [2, 15, 27]), (8, [2, 4, 5]), (6, [1, 3, 5]), (4, [1, 2, 3])]
+)
+def test_default_aux_ids_are_distinct_and_ascending(layers, expected):
+    from speculators.format.config import default_aux_layer_ids
+
+    assert default_aux_layer_ids(layers) == expected
