@@ -369,9 +369,10 @@ class Trainer:
         return progress
 
     def _announce(self, progress: Progress) -> None:
+        params = self.accelerator.unwrap_model(self.model).parameters()
         trainable = sum(
-            p.numel() for p in self.accelerator.unwrap_model(self.model).parameters() if p.requires_grad
-        )
+            getattr(p, "ds_numel", p.numel()) for p in params if p.requires_grad
+        )  # ZeRO-3: full size
         self.logger.write(
             f"training {self.cfg.train.algorithm} draft for {self.verifier_name}: {len(self.train_set)} samples, "
             f"{self.plan.steps_per_epoch} steps/epoch × {self.cfg.train.epochs} epochs → {self.total_steps} steps "
@@ -456,10 +457,14 @@ class Trainer:
         self.accelerator.wait_for_everyone()
 
     # ---- shutdown ---------------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Clean shutdown (gloo DDP otherwise hangs at exit), and a reset so another job can run in-process."""
+    def close(self, failed: bool = False) -> None:
+        """Clean shutdown (gloo DDP otherwise hangs at exit), and a reset so another job can run in-process.
+        After a failure the barrier is skipped: the other ranks may be stuck in another collective."""
         acc = self.accelerator
-        acc.wait_for_everyone()
+        if not failed:
+            acc.wait_for_everyone()
+        if getattr(self, "logger", None) is not None and failed:
+            self.logger.close()
         del self.model, self.optimizer
         self.__dict__.pop("verifier", None)
         self.__dict__.pop("online", None)
@@ -491,11 +496,19 @@ def reset_distributed() -> None:
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
-    trainer = Trainer(cfg, run_dir)
+    """Build, fit and shut down cleanly (also on errors, so an in-process sweep's next job starts clean)."""
     try:
-        return trainer.fit()
-    finally:
-        trainer.close()
+        trainer = Trainer(cfg, run_dir)
+    except BaseException:
+        reset_distributed()
+        raise
+    try:
+        result = trainer.fit()
+    except BaseException:
+        trainer.close(failed=True)
+        raise
+    trainer.close()
+    return result
 
 
 __all__ = ["Progress", "Trainer", "reset_distributed", "train"]

@@ -105,3 +105,48 @@ def test_chunked_memory_grows_linearly_dense_quadratically():
     dense = [peak(dense_ttt_attention, n) for n in (256, 512)]
     assert chunked[1] / chunked[0] < 2.3, chunked
     assert dense[1] / dense[0] > 3.3, dense
+
+
+def tiny_draft(num_layers: int = 2):
+    from speculators.format.config import Eagle3Config
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.verifier import tiny_verifier_config
+
+    verifier = tiny_verifier_config("llama", vocab_size=128).to_dict()
+    config = Eagle3Config.from_verifier(verifier, "tiny", draft_vocab_size=64, num_layers=num_layers)
+    torch.manual_seed(0)
+    return Eagle3DraftModel(config)
+
+
+def test_unrolled_draft_is_the_same_with_every_backend():
+    """The whole TTT unroll of a 2-layer draft over a packed batch: chunked == dense (values and grads), and the
+    flex path (forward, as evaluation runs it) == dense."""
+    from train.unroll import TTTDraft
+
+    draft = tiny_draft()
+    length = 24
+    doc = packed_document_ids([[10, 14], [20]], length)
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 128, (2, length), generator=gen)
+    aux = torch.randn(2, length, 3 * 64, generator=gen)
+    pos = torch.cat([torch.arange(10), torch.arange(14)]).expand(2, -1).clone()
+
+    def run(backend, grad=True):
+        model = TTTDraft(draft, steps=3, attention_backend=backend, chunk_size=7)
+        draft.zero_grad()
+        with torch.set_grad_enabled(grad):
+            logits = model(ids, aux, pos, doc)
+            if not grad:
+                return logits, None
+            sum((o * o).mean() for o in logits).backward()
+        return logits, [p.grad.clone() for p in draft.parameters() if p.requires_grad]
+
+    dense, dense_grads = run("dense")
+    chunked, chunked_grads = run("chunked")
+    for a, b in zip(chunked, dense, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(chunked_grads, dense_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    flex, _ = run("flex", grad=False)
+    for a, b in zip(flex, dense, strict=True):
+        torch.testing.assert_close(a, b.detach(), atol=1e-5, rtol=1e-5)
