@@ -64,6 +64,7 @@ def test_chunked_equals_dense_values_and_grads(chunk):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:.*flex_attention.*:UserWarning")
 def test_flex_forward_equals_dense_on_cpu():
     steps, length = 3, 40
     doc = packed_document_ids([[10, 30], [25, 15]], length)
@@ -118,6 +119,7 @@ def tiny_draft(num_layers: int = 2):
     return Eagle3DraftModel(config)
 
 
+@pytest.mark.filterwarnings("ignore:.*flex_attention.*:UserWarning")
 def test_unrolled_draft_is_the_same_with_every_backend():
     """The whole TTT unroll of a 2-layer draft over a packed batch: chunked == dense (values and grads), and the
     flex path (forward, as evaluation runs it) == dense."""
