@@ -173,6 +173,7 @@ def plain_generate(
     outputs = _Outputs(len(prompts), max_new_tokens, eos_token_ids)
     logits, _, valid = runner.prefill(prompts)
     token = _pick(logits[:, -1], temperature, top_p, generator)
+    prefill_s = time.perf_counter() - start
     position = valid.long().sum(dim=1)
     one = torch.ones(len(prompts), 1, 1, dtype=torch.bool, device=runner.device)
     while True:
@@ -190,6 +191,7 @@ def plain_generate(
     stats = DecodingStats(
         generated=[len(t) for t in outputs.tokens],
         wall_s=time.perf_counter() - start,
+        prefill_s=prefill_s,
         verifier_s=runner.seconds,
         verifier_forwards=runner.forwards,
     )
@@ -235,6 +237,7 @@ class SpeculativeDecoder:
             box = stack.enter_context(capture_aux_states(self.verifier, self.aux_layer_ids))
             logits, ids, valid = runner.prefill(prompts)
             root = _pick(logits[:, -1], cfg.temperature, cfg.top_p, generator)
+            prefill_s = time.perf_counter() - start
             positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
             segment = Segment(box["states"].aux, torch.cat([ids[:, 1:], root[:, None]], 1), positions, valid)
             root_position = valid.long().sum(dim=1)
@@ -261,6 +264,7 @@ class SpeculativeDecoder:
             accepted=outputs.accepted,
             generated=[len(t) for t in outputs.tokens],
             wall_s=time.perf_counter() - start,
+            prefill_s=prefill_s,
             verifier_s=runner.seconds,
             draft_s=drafter.seconds,
             verifier_forwards=runner.forwards,

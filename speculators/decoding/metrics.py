@@ -22,6 +22,7 @@ class DecodingStats:
     accepted: list[list[int]] = field(default_factory=list)  # per prompt: accepted drafts at each verify step
     generated: list[int] = field(default_factory=list)  # per prompt: tokens in the output
     wall_s: float = 0.0
+    prefill_s: float = 0.0  # until each batch's first token (prompt forward); the rest is the decode phase
     verifier_s: float = 0.0
     draft_s: float = 0.0
     verifier_forwards: int = 0
@@ -33,6 +34,7 @@ class DecodingStats:
             accepted=self.accepted + other.accepted,
             generated=self.generated + other.generated,
             wall_s=self.wall_s + other.wall_s,
+            prefill_s=self.prefill_s + other.prefill_s,
             verifier_s=self.verifier_s + other.verifier_s,
             draft_s=self.draft_s + other.draft_s,
             verifier_forwards=self.verifier_forwards + other.verifier_forwards,
@@ -48,11 +50,14 @@ class DecodingStats:
         accepted = sum(sum(s) for s in self.accepted)
         per_sample = [1.0 + sum(s) / len(s) for s in self.accepted if s]
         tokens = sum(self.generated)
+        decode_s = self.wall_s - self.prefill_s  # tokens after each prompt's first one, over the decode phase
         out: dict[str, Any] = {
             "num_prompts": len(self.generated),
             "generated_tokens": tokens,
             "tokens_per_s": tokens / self.wall_s if self.wall_s > 0 else None,
+            "decode_tokens_per_s": (tokens - len(self.generated)) / decode_s if decode_s > 0 else None,
             "wall_s": self.wall_s,
+            "prefill_s": self.prefill_s,
         }
         if self.max_depth == 0:  # plain decoding: nothing was drafted
             return out

@@ -228,6 +228,8 @@ def _vllm_runs(
             stacklevel=2,
         )
     verifier_path = resolve_verifier_path(verifier_name)
+    # just what the prompts need: vLLM refuses a max_model_len beyond the verifier's max_position_embeddings
+    max_model_len = max(map(len, prompts)) + settings.max_new_tokens + max(settings.ks) + 16
     requests = [
         VllmRequest(
             model=verifier_path,
@@ -237,6 +239,7 @@ def _vllm_runs(
             temperature=settings.temperature,
             seed=settings.seed,
             dtype="float32",
+            max_model_len=max_model_len,
             name=f"chain-k{k}",
         )
         for k in settings.ks
