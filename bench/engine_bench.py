@@ -119,7 +119,7 @@ class StepCosts:
 
     def _draft_step(self) -> None:
         one = torch.ones(1, 1, 1, dtype=torch.bool)
-        self.drafter._step(self.tokens[:, :1], self.hidden, torch.tensor([[self.context]]), one)
+        self.drafter.step(self.tokens[:, :1], self.hidden, torch.tensor([[self.context]]), one)
         self.drafter.cache.rollback()
 
     def _draft_segment(self) -> None:

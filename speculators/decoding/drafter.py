@@ -43,6 +43,8 @@ class Segment:
 
 
 class Drafter:
+    """Owns the draft's KV cache for one batch and turns confirmed segments into chains or trees."""
+
     def __init__(self, draft: Eagle3DraftModel, batch: int, device: torch.device) -> None:
         self.draft = draft
         self.cache = DraftCache(draft.config.num_layers, batch, device)
@@ -74,10 +76,10 @@ class Drafter:
         batch, width = segment.tokens.shape
         device = segment.tokens.device
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        local = causal[None] & segment.valid[:, None, :]
-        local |= torch.eye(width, dtype=torch.bool, device=device)[
-            None
-        ]  # holes see themselves: no empty rows
+        # holes see themselves, so no attention row is empty
+        local = (causal[None] & segment.valid[:, None, :]) | torch.eye(
+            width, dtype=torch.bool, device=device
+        )[None]
         cached = self.cache.valid[:, None, :].expand(batch, width, self.cache.length)
         hidden = self.draft.project_features(segment.features.to(self.dtype))
         logits, hidden = self._forward(
@@ -88,7 +90,7 @@ class Drafter:
         rows = torch.arange(batch, device=device)
         return logits[rows, last], hidden[rows, last], segment.positions[rows, last]
 
-    def _step(
+    def step(
         self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, spec_visible: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One speculative forward of ``Q`` nodes per row; ``spec_visible[B, Q, S + Q]`` covers the speculative
@@ -128,7 +130,7 @@ class Drafter:
             drafted.append(token)
             if step + 1 < k:
                 spec = torch.ones(batch, 1, step + 1, dtype=torch.bool, device=root.device)
-                out_logits, out_hidden = self._step(
+                out_logits, out_hidden = self.step(
                     token[:, None], hidden[:, None], (position + step + 1)[:, None], spec
                 )
                 logits, hidden = out_logits[:, 0], out_hidden[:, 0]
@@ -154,7 +156,7 @@ class Drafter:
         for level in range(1, depth):
             visible = torch.cat([level_visible, eye], dim=-1)
             positions = (position + level)[:, None].expand(batch, topk)
-            out_logits, out_hidden = self._step(level_tokens, level_hidden, positions, visible)
+            out_logits, out_hidden = self.step(level_tokens, level_hidden, positions, visible)
             child_scores, child_ids = top_k(torch.log_softmax(out_logits.float(), dim=-1), topk)  # [B, K, K]
             child_scores = (level_scores[:, :, None] + child_scores.clamp(max=0.0)).flatten(1)
             child_tokens = self.target_ids[child_ids].flatten(1)

@@ -69,6 +69,7 @@ class VerifierRunner:
     """Forwards through the verifier's KV cache with explicit positions and masks, timing each call."""
 
     def __init__(self, model: nn.Module, batch: int) -> None:
+        check_supported(model)
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -110,6 +111,21 @@ class VerifierRunner:
             None
         ]
         return self.forward(ids, positions, local, valid), ids, valid
+
+
+def check_supported(model: nn.Module) -> None:
+    """Refuse verifiers whose cache we cannot steer: sliding-window layers crop their own cache, which breaks the
+    per-row column layout and the tree masks."""
+    config = getattr(model, "config", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    sliding = any("sliding" in str(t) for t in layer_types) or (
+        getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", False)
+    )
+    if sliding:
+        raise ValueError(
+            f"{type(model).__name__} uses sliding-window attention, which this engine does not support "
+            "(its cache crops itself); evaluate with vLLM (`speculators eval --vllm`) instead"
+        )
 
 
 def _pick(

@@ -109,7 +109,7 @@ def evaluate(
     verifier named in the draft's config) on ``prompts`` (a chat JSONL, a data_gen output directory, message
     lists, or ``None`` for the shipped set). Returns the results dict; with ``output_dir`` also writes
     ``results.json`` and ``acceptance.png`` there."""
-    from speculators.verifier import load_verifier, resolve_dtype
+    from speculators.verifier import load_verifier
 
     settings = settings or EvalSettings()
     draft_dir: Path | None = None
@@ -125,7 +125,10 @@ def evaluate(
     else:
         verifier_name = str(verifier)
         model, tokenizer = load_verifier(verifier_name, dtype=dtype, device=device)
-    draft_model = draft_model.to(device=next(model.parameters()).device, dtype=resolve_dtype(dtype, device))
+    weight = next(model.parameters())
+    draft_model = draft_model.to(
+        device=weight.device, dtype=weight.dtype
+    )  # the verifier's dtype, whatever loaded it
     conversations = prompts if isinstance(prompts, list) else load_prompts(prompts, settings.max_prompts)
     conversations = conversations[: settings.max_prompts] if settings.max_prompts else conversations
     token_prompts = render_prompts(tokenizer, conversations)
