@@ -8,12 +8,12 @@ import copy
 
 import pytest
 import torch
-from conftest import random_draft
+from conftest import random_draft, single_thread
 
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, plain_generate
 
-NEW = 24
-PROMPTS = 16  # of the 32 shipped prompts
+NEW = 32
+PROMPTS = 32  # all shipped prompts
 CONFIGS = {
     "chain-k1": DecodingConfig(method="chain", num_speculative_tokens=1, max_new_tokens=NEW),
     "chain-k4": DecodingConfig(method="chain", num_speculative_tokens=4, max_new_tokens=NEW),
@@ -38,7 +38,8 @@ def prompts(chat_prompts):
 @pytest.fixture(scope="module")
 def reference(tiny_llama, prompts):
     """Plain greedy, one prompt at a time."""
-    return [plain_generate(tiny_llama, [p], NEW).tokens[0] for p in prompts]
+    with single_thread():
+        return [plain_generate(tiny_llama, [p], NEW).tokens[0] for p in prompts]
 
 
 def test_plain_loop_matches_transformers_generate_and_its_own_batching(tiny_llama, prompts, reference):
@@ -65,19 +66,22 @@ def test_speculative_greedy_equals_plain_greedy(
 ):
     draft = fitted_llama_draft if which == "fitted" else random_draft(tiny_llama, draft_vocab_size=1024)
     decoder = SpeculativeDecoder(tiny_llama, draft, CONFIGS[name])
-    outputs = batched(lambda ps: decoder.generate(ps).tokens, prompts, 8)
-    assert outputs == reference
+    rows = len(prompts) if which == "fitted" else 16  # a random draft accepts ~nothing: fewer rows suffice
+    assert batched(lambda ps: decoder.generate(ps).tokens, prompts[:rows], 8) == reference[:rows]
     single = [decoder.generate([p]).tokens[0] for p in prompts[::6]]
     assert single == reference[::6]
 
 
-def test_fitted_draft_batch_mixes_acceptance_lengths(tiny_llama, fitted_llama_draft, chat_prompts):
-    """The batch-identity test above is meaningful: rows of one batch accept very different amounts."""
+def test_fitted_draft_batch_mixes_acceptance_lengths(tiny_llama, fitted_llama_draft, prompts):
+    """The batch-identity test above is meaningful: within one batch, rows accept different numbers of tokens at
+    the same step (so the caches carry per-row holes), and acceptance is neither all nor nothing."""
     decoder = SpeculativeDecoder(tiny_llama, fitted_llama_draft, CONFIGS["chain-k4"])
-    stats = decoder.generate(chat_prompts[4:12]).stats
-    per_row = [1 + sum(a) / len(a) for a in stats.accepted]
-    assert max(per_row) > 2.5 and min(per_row) < 2.0, per_row
-    assert max(max(a) for a in stats.accepted) == 4 and min(min(a) for a in stats.accepted) == 0
+    accepted = decoder.generate(prompts[4:12]).stats.accepted
+    steps = max(map(len, accepted))
+    diverging = [s for s in range(steps) if len({row[s] for row in accepted if len(row) > s}) > 1]
+    assert len(diverging) >= 3, accepted
+    flat = [count for row in accepted for count in row]
+    assert 0 < sum(flat) < 4 * len(flat) and 0 in flat and 4 in flat, accepted
 
 
 def test_rows_stopping_at_eos_match_plain(tiny_llama, fitted_llama_draft, prompts, reference):

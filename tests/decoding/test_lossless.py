@@ -18,7 +18,7 @@ from speculators.decoding.sampling import target_probs
 VOCAB = 8
 PROMPT = [1, 2, 3]
 NEW = 4
-ROWS = 15_000
+ROWS = 30_000
 PASS_P = 1e-3
 FAIL_P = 1e-9
 

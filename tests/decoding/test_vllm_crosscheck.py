@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import single_thread
 
 pytestmark = pytest.mark.consumer
 
@@ -33,15 +34,16 @@ def served_pair(tmp_path_factory, smollm2_tokenizer, chat_prompts):
         num_key_value_heads=1,
     )
     verifier = load_verifier(str(verifier_dir), dtype="float32")[0]
-    draft, _ = fit_draft(
-        verifier,
-        chat_prompts[:8],
-        name_or_path=str(verifier_dir),
-        draft_vocab_size=512,
-        max_new_tokens=32,
-        steps=60,
-        lr=5e-3,
-    )
+    with single_thread():
+        draft, _ = fit_draft(
+            verifier,
+            chat_prompts[:8],
+            name_or_path=str(verifier_dir),
+            draft_vocab_size=512,
+            max_new_tokens=32,
+            steps=60,
+            lr=5e-3,
+        )
     draft_dir = draft.save_pretrained(root / "draft", dtype=torch.float32)
     return verifier_dir, draft_dir
 
