@@ -53,7 +53,7 @@ test-fast: setup
 	$(PY) -m pytest -q -ra -m "not consumer and not slow"
 
 demo: setup vllm-env
-	$(PY) -m speculators.demo
+	scripts/demo.sh
 
 bench: setup vllm-env
 	$(PY) bench/run.py

