@@ -42,6 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16")
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (on a CPU shared with other jobs, 1 is often fastest)",
+    )
+    parser.add_argument(
         "--no-plain", action="store_true", help="skip the plain baseline (no speedup reported)"
     )
     parser.add_argument(
@@ -55,6 +60,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from speculators.eval.evaluation import EvalSettings, TreeSettings, evaluate, format_table
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     settings = EvalSettings(
         ks=list(args.k),

@@ -170,6 +170,7 @@ def evaluate(
         )
         results["plain"] = plain_stats.summary()
     runs = []
+    outputs: dict[str, list[list[int]]] = {}
     for name, config in settings.configs():
         decoder = SpeculativeDecoder(model, draft_model, config)
         tokens, stats = _run_batches(
@@ -183,6 +184,7 @@ def evaluate(
                     tokens
                 )
         runs.append(run)
+        outputs[name] = tokens
     results["runs"] = runs
     results["examples"] = [
         {
@@ -198,6 +200,8 @@ def evaluate(
             if isinstance(theirs, dict) and theirs.get("acceptance_length"):
                 theirs["ours_acceptance_length"] = run["acceptance_length_global"]
                 theirs["difference"] = run["acceptance_length_global"] - theirs["acceptance_length"]
+                same = [a == b for a, b in zip(theirs.pop("token_ids"), outputs[run["name"]], strict=True)]
+                theirs["outputs_identical_to_ours"] = sum(same) / len(same)
     if output_dir is not None:
         write_results(results, Path(output_dir))
     return results

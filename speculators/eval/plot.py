@@ -13,6 +13,7 @@ def plot_acceptance(results: dict[str, Any], path: Path) -> Path:
 
     matplotlib.use("Agg")  # files only: never needs a display
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     runs = results["runs"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -26,6 +27,7 @@ def plot_acceptance(results: dict[str, Any], path: Path) -> Path:
         ylim=(0, 1.05),
         title="Conditional per-position acceptance",
     )
+    left.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     left.grid(alpha=0.3)
     left.legend(fontsize=8)
     chains = sorted((r for r in runs if r["method"] == "chain"), key=lambda r: r["k"])

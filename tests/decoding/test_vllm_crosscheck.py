@@ -60,7 +60,11 @@ def test_acceptance_length_matches_vllm(served_pair, tmp_path):
     for run in results["runs"]:
         theirs = results["vllm"][run["name"]]
         ours = run["acceptance_length_global"]
-        print(f"{run['name']}: ours {ours:.4f}, vLLM {theirs['acceptance_length']:.4f}")
+        print(
+            f"{run['name']}: ours {ours:.4f}, vLLM {theirs['acceptance_length']:.4f}, "
+            f"identical outputs {theirs['outputs_identical_to_ours']:.0%}"
+        )
+        assert theirs["outputs_identical_to_ours"] >= 0.9  # fp32 greedy: the same tokens, barring rare ties
         assert 1.2 < ours < run["k"] + 0.9, ours  # mixed acceptance: the comparison is not trivially 1 or k+1
         assert abs(ours - theirs["acceptance_length"]) <= TOLERANCE * ours, (run["name"], ours, theirs)
         per_position = zip(
