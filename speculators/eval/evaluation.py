@@ -237,19 +237,22 @@ def _vllm_runs(
     verifier_path = resolve_verifier_path(verifier_name)
     # just what the prompts need: vLLM refuses a max_model_len beyond the verifier's max_position_embeddings
     max_model_len = max(map(len, prompts)) + settings.max_new_tokens + max(settings.ks) + 16
+    # vLLM without a draft first, on the same prompts: the baseline for its tokens/s with the draft.
+    chains = [(f"chain-k{k}", eagle3_speculative_config(draft_dir, k)) for k in settings.ks]
+    baseline = [("plain", None)] if settings.compare_plain else []
     requests = [
         VllmRequest(
             model=verifier_path,
             prompts=prompts,
-            speculative_config=eagle3_speculative_config(draft_dir, k),
+            speculative_config=speculative_config,
             max_tokens=settings.max_new_tokens,
             temperature=settings.temperature,
             seed=settings.seed,
             dtype="float32",
             max_model_len=max_model_len,
-            name=f"chain-k{k}",
+            name=name,
         )
-        for k in settings.ks
+        for name, speculative_config in baseline + chains
     ]
     out = {}
     for result in run_vllm(requests):
@@ -263,6 +266,12 @@ def _vllm_runs(
             "vllm_version": result.vllm_version,
             "token_ids": result.token_ids,
         }
+    plain = out.get("plain")
+    if plain is not None:
+        del plain["token_ids"]
+        for name, _ in chains:
+            if plain["tokens_per_s"]:
+                out[name]["speedup_vs_vllm_plain"] = out[name]["tokens_per_s"] / plain["tokens_per_s"]
     return out
 
 
@@ -297,10 +306,14 @@ def format_table(results: dict[str, Any]) -> str:
             line += f"  identical to plain {run['matches_plain']:.0%}"
         lines.append(line)
     for name, run in (results.get("vllm") or {}).items():
-        if isinstance(run, dict) and "acceptance_length" in run:
-            lines.append(
-                f"  vLLM {name:<19} {run['tokens_per_s']:8.1f} tok/s  AL {run['acceptance_length']:.3f}"
-            )
+        if not isinstance(run, dict) or "tokens_per_s" not in run:
+            continue
+        line = f"  vLLM {name:<19} {run['tokens_per_s']:8.1f} tok/s"
+        if run.get("acceptance_length") is not None:
+            line += f"  AL {run['acceptance_length']:.3f}"
+        if "speedup_vs_vllm_plain" in run:
+            line += f"  speedup {run['speedup_vs_vllm_plain']:.2f}x vs vLLM without the draft"
+        lines.append(line)
     if isinstance(results.get("vllm"), dict) and "skipped" in results["vllm"]:
         lines.append(f"  vLLM skipped: {results['vllm']['skipped']}")
     return "\n".join(lines)
