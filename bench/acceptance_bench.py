@@ -9,11 +9,12 @@ figure is recorded WITH the worker's warning), our own engine's AL at T = 0.7 (s
 tokens/s with and without each draft on the same prompts. Goals: EAGLE-3 AL >= 2.5 at k = 3 greedy; HASS >= 5 %
 above EAGLE-3. Everything lands in bench/results/acceptance.json (quick mode: acceptance_quick.json).
 
-    .venv/bin/python bench/acceptance_bench.py            # full: expected ~60-70 min on a dedicated 2-core CPU
+    .venv/bin/python bench/acceptance_bench.py            # full: ~65 min on a dedicated 2-core CPU (never run yet)
     .venv/bin/python bench/acceptance_bench.py --quick    # 48 conversations, 1 epoch, 8 prompts, k=1..3: ~10 min
 
 Full mode estimate (bench/results: capture ~100 tok/s, training ~430 tok/s, vLLM ~300 tok/s): data ~23 min,
-EAGLE-3 ~13 min, HASS ~13 min, export ~1 min, measurements ~15 min. A shared machine is slower.
+EAGLE-3 ~13 min, HASS ~13 min, export ~1 min, measurements ~15 min: ~65 min on a dedicated 2-core CPU. On a shared
+machine expect up to twice that (quick mode measured there: regeneration ~3 s/conversation, capture ~40 tok/s).
 """
 
 from __future__ import annotations
@@ -213,7 +214,7 @@ def main() -> None:
 
     verifier_path = resolve_verifier_path("smollm2")
     model, tokenizer = load_verifier("smollm2", dtype="float32")
-    prompts, chats = heldout_prompts(root / EAGLE / "data", tokenizer, cfg["prompts"], 768)
+    prompts, chats = heldout_prompts(root / EAGLE / "data", tokenizer, cfg["prompts"], 1536)
     drafts = {"eagle3": root / "bench_exports" / "eagle3", "hass": root / "bench_exports" / "hass"}
     print(f"[bench] vLLM measurements on {len(prompts)} held-out prompts ...", flush=True)
     start = time.perf_counter()
