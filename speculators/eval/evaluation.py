@@ -86,13 +86,21 @@ def load_draft(source: str | Path, dtype: torch.dtype = torch.float32) -> tuple[
     return Eagle3DraftModel.from_pretrained(checkpoint.draft_dir, dtype=dtype), checkpoint.draft_dir
 
 
-def _run_batches(decode, prompts: list[list[int]], batch_size: int) -> tuple[list[list[int]], DecodingStats]:
+def _run_batches(
+    decode, prompts: list[list[int]], batch_size: int, label: str = "decode"
+) -> tuple[list[list[int]], DecodingStats]:
+    """Decode ``prompts`` batch by batch, with a progress bar (prompts done, generated tokens/s)."""
+    from tqdm.auto import tqdm
+
     tokens: list[list[int]] = []
     stats = DecodingStats()
-    for start in range(0, len(prompts), batch_size):
-        result = decode(prompts[start : start + batch_size])
-        tokens += result.tokens
-        stats = stats.merge(result.stats)
+    with tqdm(total=len(prompts), desc=f"eval {label}", unit="prompt", leave=False) as bar:
+        for start in range(0, len(prompts), batch_size):
+            result = decode(prompts[start : start + batch_size])
+            tokens += result.tokens
+            stats = stats.merge(result.stats)
+            bar.update(len(result.tokens))
+            bar.set_postfix(tok_s=f"{stats.summary().get('tokens_per_s') or 0:.1f}")
     return tokens, stats
 
 
@@ -167,6 +175,7 @@ def evaluate(
             ),
             token_prompts,
             settings.batch_size,
+            "plain",
         )
         results["plain"] = plain_stats.summary()
     runs = []
@@ -174,7 +183,7 @@ def evaluate(
     for name, config in settings.configs():
         decoder = SpeculativeDecoder(model, draft_model, config)
         tokens, stats = _run_batches(
-            lambda batch, d=decoder: d.generate(batch, stop, generator()), token_prompts, settings.batch_size
+            lambda batch, d=decoder: d.generate(batch, stop, generator()), token_prompts, settings.batch_size, name
         )
         run = {"name": name, "method": config.method, "k": config.max_depth, **stats.summary()}
         if plain_tokens is not None:
