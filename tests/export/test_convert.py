@@ -19,6 +19,7 @@ from speculators.export import (
     detect_layout,
 )
 from speculators.export.sources import read_config, read_weights, verifier_embedding
+from speculators.export.writer import InvalidCheckpointError
 from speculators.format import load_checkpoint, validate_checkpoint
 from speculators.format.validate import errors
 from speculators.models import Eagle3DraftModel
@@ -325,8 +326,12 @@ def test_unsorted_aux_ids_are_sorted_with_fc_permuted(tmp_path, small_verifier_d
     ).abs().max() > 0.1  # what vLLM would compute without the permutation
 
 
-def test_repeated_aux_ids_are_warned_about(tmp_path, small_verifier_dir):
+def test_repeated_aux_ids_are_refused(tmp_path, small_verifier_dir):
+    """vLLM de-duplicates aux ids, so fc would be too narrow: the converter warns and the validator refuses."""
     model = build_draft(small_verifier_dir, draft_vocab_size=256, aux_layer_ids=[2, 3, 3])
     model.save_pretrained(tmp_path / "src")
-    with pytest.warns(ExportWarning, match="vLLM fails to run this draft"):
+    with pytest.warns(ExportWarning, match="vLLM fails to run this draft"), pytest.raises(
+        InvalidCheckpointError, match="repeated or unsorted"
+    ):
         convert_checkpoint(tmp_path / "src", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
