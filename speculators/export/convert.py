@@ -34,6 +34,7 @@ from speculators.export.sources import read_config, read_weights
 from speculators.export.tensors import ascending_aux_layers, standard_tensors, warn
 from speculators.export.writer import write_validated
 from speculators.format.config import (
+    LAYER_KEYS_FROM_VERIFIER,
     Eagle3Config,
     ProposalMethod,
     SpeculatorsConfig,
@@ -49,23 +50,9 @@ AUX_CONVENTIONS = ("auto", "vllm", "output-of-layer")
 FLAG_MODES = ("max-compat", "keep")
 NEWER_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 SPECFORGE_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Qwen3ForCausalLMEagle3", "Qwen2ForCausalLMEagle3")
-# Flat-config keys copied into transformer_layer_config (the rest of a flat config is producer metadata).
-FLAT_LAYER_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "rms_norm_eps",
-    "hidden_act",
-    "max_position_embeddings",
-    "attention_bias",
-    "mlp_bias",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-)
+# Flat-config keys copied into transformer_layer_config (the rest of a flat config is producer metadata): the
+# layer keys a draft takes from its verifier, less rope (always re-copied from the verifier), plus mlp_bias.
+FLAT_LAYER_KEYS = tuple(k for k in LAYER_KEYS_FROM_VERIFIER if not k.startswith("rope_")) + ("mlp_bias",)
 
 
 class UnsupportedDraftError(ValueError):
