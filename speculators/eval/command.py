@@ -24,6 +24,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-prompts", type=int, help="use only the first N prompts")
     parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        help="skip prompts longer than this (rendered with the chat template); the limit applies after it",
+    )
+    parser.add_argument(
         "-k", "--k", type=int, nargs="*", default=[3], help="chain lengths to run (default: 3)"
     )
     parser.add_argument("--tree", action="store_true", help="also run an EAGLE-2 tree")
@@ -74,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         max_prompts=args.max_prompts,
+        max_prompt_tokens=args.max_prompt_tokens,
         seed=args.seed,
         compare_plain=not args.no_plain,
         vllm=args.vllm,

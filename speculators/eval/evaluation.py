@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from speculators.decoding import DecodingConfig, DecodingStats, SpeculativeDecoder, eos_ids, plain_generate
-from speculators.eval.prompts import Messages, load_prompts, render_prompts
+from speculators.eval.prompts import Messages, load_prompts, render_prompts, select_prompts
 from speculators.models.eagle3 import Eagle3DraftModel
 
 RESULTS_NAME = "results.json"
@@ -46,6 +46,7 @@ class EvalSettings:
     max_new_tokens: int = 128
     batch_size: int = 4
     max_prompts: int | None = None
+    max_prompt_tokens: int | None = None
     seed: int = 0
     compare_plain: bool = True
     vllm: bool = False
@@ -137,9 +138,11 @@ def evaluate(
     draft_model = draft_model.to(
         device=weight.device, dtype=weight.dtype
     )  # the verifier's dtype, whatever loaded it
-    conversations = prompts if isinstance(prompts, list) else load_prompts(prompts, settings.max_prompts)
-    conversations = conversations[: settings.max_prompts] if settings.max_prompts else conversations
-    token_prompts = render_prompts(tokenizer, conversations)
+    limit = None if settings.max_prompt_tokens else settings.max_prompts  # filter by length before the limit
+    conversations = prompts if isinstance(prompts, list) else load_prompts(prompts, limit)
+    token_prompts, conversations, too_long = select_prompts(
+        render_prompts(tokenizer, conversations), conversations, settings.max_prompt_tokens, settings.max_prompts
+    )
     stop = sorted(set(eos_ids(tokenizer)) | set(eos_ids(model)))
 
     def generator() -> torch.Generator:
@@ -154,6 +157,7 @@ def evaluate(
         "prompts": {
             "source": _prompt_source(prompts),
             "count": len(token_prompts),
+            "skipped_longer_than_max_prompt_tokens": too_long,
             "mean_prompt_tokens": sum(map(len, token_prompts)) / len(token_prompts),
         },
         "settings": {**asdict(settings), "dtype": str(next(model.parameters()).dtype), "device": device},
@@ -259,6 +263,7 @@ def _vllm_runs(
             seed=settings.seed,
             dtype="float32",
             max_model_len=max_model_len,
+            warmup=True,  # first-call compilation and allocation stay out of both tokens/s figures
             name=name,
         )
         for name, speculative_config in baseline + chains

@@ -117,3 +117,23 @@ def render_prompts(tokenizer: Any, prompts: list[Messages]) -> list[list[int]]:
             ids = ids["input_ids"]
         rendered.append([int(i) for i in ids])
     return rendered
+
+
+def select_prompts(
+    token_prompts: list[list[int]], conversations: list[Messages], max_prompt_tokens: int | None, limit: int | None
+) -> tuple[list[list[int]], list[Messages], int]:
+    """The first ``limit`` prompts whose rendered length is at most ``max_prompt_tokens`` (ids, chats, number
+    skipped as too long). Held-out ShareGPT chats run to thousands of tokens; a draft trained on 512-token samples
+    is measured on prompts it could have seen, and prefill stays out of a CPU evaluation's way."""
+    kept = [
+        (ids, chat)
+        for ids, chat in zip(token_prompts, conversations, strict=True)
+        if max_prompt_tokens is None or len(ids) <= max_prompt_tokens
+    ]
+    skipped = len(token_prompts) - len(kept)
+    kept = kept[:limit] if limit else kept
+    if not kept:
+        raise ValueError(
+            f"none of the {len(token_prompts)} prompts fits {max_prompt_tokens} tokens; raise --max-prompt-tokens"
+        )
+    return [ids for ids, _ in kept], [chat for _, chat in kept], skipped
