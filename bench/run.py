@@ -50,6 +50,14 @@ def headline(name: str, result: dict) -> list[str]:
         memory = result.get("ttt_attention_memory", {})
         add("TTT attention peak MiB by length", {r["length"]: r["peak_mib"] for r in memory.get("chunked", [])})
         add("grows linearly", memory.get("chunked_grows_linearly"))
+    elif name == "engine":
+        for run in result.get("runs", []):
+            add(
+                f"k={run.get('k')}: speculative vs plain tokens/s",
+                f"{_round(run.get('speculative_tokens_per_s'))} vs {_round(run.get('plain_tokens_per_s'))} "
+                f"(speedup {_round(run.get('speedup'), 2)}x at AL {_round(run.get('acceptance_length_global'), 2)}; "
+                f"{_round(100 * run.get('fraction_of_bound', 0))}% of the cost bound)",
+            )
     else:
         summary = result.get("summary")
         if isinstance(summary, dict):
