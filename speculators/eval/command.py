@@ -26,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-prompt-tokens",
         type=int,
-        help="skip prompts longer than this (rendered with the chat template); the limit applies after it",
+        help="cap on prompt tokens: a longer chat is cut back to its latest user turn that fits, or skipped "
+        "when even its first does not (applied before --max-prompts)",
     )
     parser.add_argument(
         "-k", "--k", type=int, nargs="*", default=[3], help="chain lengths to run (default: 3)"

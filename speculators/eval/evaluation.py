@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from speculators.decoding import DecodingConfig, DecodingStats, SpeculativeDecoder, eos_ids, plain_generate
-from speculators.eval.prompts import Messages, load_prompts, render_prompts, select_prompts
+from speculators.eval.prompts import Messages, load_prompts, select_prompts
 from speculators.models.eagle3 import Eagle3DraftModel
 
 RESULTS_NAME = "results.json"
@@ -140,8 +140,8 @@ def evaluate(
     )  # the verifier's dtype, whatever loaded it
     limit = None if settings.max_prompt_tokens else settings.max_prompts  # filter by length before the limit
     conversations = prompts if isinstance(prompts, list) else load_prompts(prompts, limit)
-    token_prompts, conversations, too_long = select_prompts(
-        render_prompts(tokenizer, conversations), conversations, settings.max_prompt_tokens, settings.max_prompts
+    token_prompts, conversations, cut = select_prompts(
+        tokenizer, conversations, settings.max_prompt_tokens, settings.max_prompts
     )
     stop = sorted(set(eos_ids(tokenizer)) | set(eos_ids(model)))
 
@@ -157,7 +157,9 @@ def evaluate(
         "prompts": {
             "source": _prompt_source(prompts),
             "count": len(token_prompts),
-            "skipped_longer_than_max_prompt_tokens": too_long,
+            "max_prompt_tokens": settings.max_prompt_tokens,
+            "shortened_to_fit": cut["shortened"],
+            "skipped_too_long": cut["skipped"],
             "mean_prompt_tokens": sum(map(len, token_prompts)) / len(token_prompts),
         },
         "settings": {**asdict(settings), "dtype": str(next(model.parameters()).dtype), "device": device},
@@ -187,7 +189,10 @@ def evaluate(
     for name, config in settings.configs():
         decoder = SpeculativeDecoder(model, draft_model, config)
         tokens, stats = _run_batches(
-            lambda batch, d=decoder: d.generate(batch, stop, generator()), token_prompts, settings.batch_size, name
+            lambda batch, d=decoder: d.generate(batch, stop, generator()),
+            token_prompts,
+            settings.batch_size,
+            name,
         )
         run = {"name": name, "method": config.method, "k": config.max_depth, **stats.summary()}
         if plain_tokens is not None:

@@ -120,20 +120,31 @@ def render_prompts(tokenizer: Any, prompts: list[Messages]) -> list[list[int]]:
 
 
 def select_prompts(
-    token_prompts: list[list[int]], conversations: list[Messages], max_prompt_tokens: int | None, limit: int | None
-) -> tuple[list[list[int]], list[Messages], int]:
-    """The first ``limit`` prompts whose rendered length is at most ``max_prompt_tokens`` (ids, chats, number
-    skipped as too long). Held-out ShareGPT chats run to thousands of tokens; a draft trained on 512-token samples
-    is measured on prompts it could have seen, and prefill stays out of a CPU evaluation's way."""
-    kept = [
-        (ids, chat)
-        for ids, chat in zip(token_prompts, conversations, strict=True)
-        if max_prompt_tokens is None or len(ids) <= max_prompt_tokens
-    ]
-    skipped = len(token_prompts) - len(kept)
-    kept = kept[:limit] if limit else kept
-    if not kept:
+    tokenizer: Any, conversations: list[Messages], max_prompt_tokens: int | None, limit: int | None
+) -> tuple[list[list[int]], list[Messages], dict[str, int]]:
+    """Render the prompts, keeping the first ``limit`` that fit ``max_prompt_tokens`` (ids, chats, counts).
+
+    A multi-turn chat longer than the cap is cut back to its latest user turn that fits (``shortened``); one whose
+    first user turn alone is too long is left out (``skipped``). Held-out ShareGPT chats run to thousands of
+    tokens: a draft trained on 512-token samples is measured on prompts of the length it learned, and prefill
+    stays out of a CPU evaluation's way."""
+    ids_kept, chats_kept, counts = [], [], {"shortened": 0, "skipped": 0}
+    for chat in conversations:
+        if limit and len(chats_kept) >= limit:
+            break
+        ends = [i + 1 for i, m in enumerate(chat) if m["role"] == "user"][::-1]  # longest prefix first
+        for end in ends:
+            ids = render_prompts(tokenizer, [chat[:end]])[0]
+            if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
+                ids_kept.append(ids)
+                chats_kept.append(chat[:end])
+                counts["shortened"] += end != len(chat)
+                break
+        else:
+            counts["skipped"] += 1
+    if not chats_kept:
         raise ValueError(
-            f"none of the {len(token_prompts)} prompts fits {max_prompt_tokens} tokens; raise --max-prompt-tokens"
+            f"none of the {len(conversations)} prompts fits {max_prompt_tokens} tokens, even cut to its first user "
+            "turn; raise --max-prompt-tokens"
         )
-    return [ids for ids, _ in kept], [chat for _, chat in kept], skipped
+    return ids_kept, chats_kept, counts

@@ -128,34 +128,47 @@ def test_bad_prompt_files_name_the_line(tmp_path, line, message):
     assert f"{path}:2" in str(info.value)
 
 
-def test_prompt_length_cap_filters_before_the_limit(smollm2_tokenizer):
+def test_prompt_length_cap_cuts_chats_back_then_skips_before_the_limit(smollm2_tokenizer):
     from speculators.eval.prompts import select_prompts
 
-    chats = [
-        [{"role": "user", "content": "word " * 300}],
-        [{"role": "user", "content": "Short one?"}],
-        [{"role": "user", "content": "word " * 200}],
-        [{"role": "user", "content": "Another short one?"}],
-        [{"role": "user", "content": "A third short one?"}],
+    long_turn = {"role": "user", "content": "word " * 300}
+    multi_turn = [
+        {"role": "user", "content": "First question?"},
+        {"role": "assistant", "content": "answer " * 200},
+        {"role": "user", "content": "Second question?"},
     ]
-    ids = render_prompts(smollm2_tokenizer, chats)
-    kept_ids, kept, skipped = select_prompts(ids, chats, max_prompt_tokens=64, limit=2)
-    assert kept == [chats[1], chats[3]] and kept_ids == [ids[1], ids[3]]
-    assert skipped == 2 and all(len(i) <= 64 for i in kept_ids)
-    assert select_prompts(ids, chats, None, None)[0] == ids  # no cap, no limit: everything, in order
+    chats = [
+        [long_turn],
+        multi_turn,
+        [{"role": "user", "content": "Short one?"}],
+        [{"role": "user", "content": "Hi"}],
+    ]
+    ids, kept, counts = select_prompts(smollm2_tokenizer, chats, max_prompt_tokens=64, limit=2)
+    assert kept == [
+        multi_turn[:1],
+        chats[2],
+    ]  # the long chat cut back to its first turn, the too-long one skipped
+    assert counts == {"shortened": 1, "skipped": 1}
+    assert ids == render_prompts(smollm2_tokenizer, kept) and all(len(i) <= 64 for i in ids)
+    ids, kept, counts = select_prompts(
+        smollm2_tokenizer, chats, None, None
+    )  # no cap, no limit: all, unchanged
+    assert kept == chats and counts == {"shortened": 0, "skipped": 0}
     with pytest.raises(ValueError, match="raise --max-prompt-tokens"):
-        select_prompts(ids, chats, max_prompt_tokens=3, limit=None)
+        select_prompts(smollm2_tokenizer, chats, max_prompt_tokens=3, limit=None)
 
 
 def test_cli_prompt_cap_reaches_the_results(exported_draft, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
-        "\n".join(json.dumps({"prompt": text}) for text in ["long " * 200, "Hi?", "long " * 300, "Yes?", "No?"])
+        "\n".join(
+            json.dumps({"prompt": text}) for text in ["long " * 200, "Hi?", "long " * 300, "Yes?", "No?"]
+        )
     )
     out = tmp_path / "eval"
     argv = ["eval", str(exported_draft), "--prompts", str(prompts), "--max-prompt-tokens", "48"]
     assert main([*argv, "--max-prompts", "2", "--max-new-tokens", "4", "--k", "1", "--output", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["prompts"]["count"] == 2
-    assert results["prompts"]["skipped_longer_than_max_prompt_tokens"] == 2
+    assert results["prompts"]["count"] == 2 and results["prompts"]["max_prompt_tokens"] == 48
+    assert results["prompts"]["skipped_too_long"] == 2 and results["prompts"]["shortened_to_fit"] == 0
     assert results["prompts"]["mean_prompt_tokens"] <= 48
