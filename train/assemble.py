@@ -132,6 +132,18 @@ def draft_config(
     )
 
 
+@torch.no_grad()
+def scale_fc_by_feature_rms(draft: Eagle3DraftModel, feature_rms: torch.Tensor) -> None:
+    """Data-dependent fc init (``model.fc_init=feature_rms``): divide each fc input column by the RMS of its
+    feature dimension, so every dimension of every aux layer starts with an equal say.
+
+    Llama-family states carry a few "massive activation" dimensions hundreds of times larger than the rest (in
+    SmolLM2's deep aux layer two dims hold ~40% of the energy). With the default init they dominate the fc output,
+    which hidden_norm turns into a nearly constant vector: the draft starts blind to the features and spends its
+    first steps unlearning them. Only the initial weights change; the architecture (and vLLM) are untouched."""
+    draft.fc.weight.mul_(feature_rms.clamp_min(1e-6).reciprocal().to(draft.fc.weight))
+
+
 def build_draft(
     cfg: DictConfig, config: Eagle3Config, vocab: DraftVocab, head: TargetHead
 ) -> Eagle3DraftModel:
@@ -223,6 +235,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 __all__ = [
     "build_draft",
+    "scale_fc_by_feature_rms",
     "compute_dtype",
     "deepspeed_config",
     "draft_config",

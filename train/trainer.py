@@ -40,6 +40,7 @@ from train.assemble import (
     lr_at,
     make_accelerator,
     make_optimizer,
+    scale_fc_by_feature_rms,
     set_lr,
 )
 from train.data import (
@@ -190,6 +191,11 @@ class Trainer:
         self.head = head.to(self.device, dtype=head_dtype)
         self.draft_config = draft_config(cfg, self.verifier_config, self.aux_layer_ids, self.vocab)
         draft = build_draft(cfg, self.draft_config, self.vocab, self.head)
+        fc_init = str(cfg.model.get("fc_init", "default"))
+        if fc_init == "feature_rms" and not cfg.train.init_from:
+            scale_fc_by_feature_rms(draft, self._feature_rms().to(draft.fc.weight.device))
+        elif fc_init not in ("default", "feature_rms"):
+            raise ValueError(f"model.fc_init={fc_init!r}: use default or feature_rms")
         model = TTTDraft(
             draft,
             self.steps,
@@ -202,6 +208,14 @@ class Trainer:
         self.is_deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
 
     # ---- batches ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _feature_rms(self, samples: int = 16) -> torch.Tensor:
+        """RMS of every aux-feature dimension over the first training samples (the same on every rank)."""
+        items = [dict(self.train_set[i], noise_seed=0) for i in range(min(samples, len(self.train_set)))]
+        batch = self._materialize(self.collate(items))
+        features = batch.aux_hidden[batch.document_ids >= 0].float()
+        return features.pow(2).mean(0).sqrt()
+
     def _materialize(self, item: Any, weight: float = 1.0) -> MicroBatch:
         if self.online is not None:
             return self.online(item, weight)
