@@ -12,6 +12,8 @@ RUN_DIR="${RUN_DIR:-outputs/${RECIPE}}"
 EVAL_PROMPTS="${EVAL_PROMPTS:-8}"
 EVAL_TOKENS="${EVAL_TOKENS:-64}"
 EVAL_PROMPT_TOKENS="${EVAL_PROMPT_TOKENS:-384}"  # held-out chats are cut back to their latest user turn that fits
+# --threads 1: decoding a 135M model is per-op overhead, not FLOPs; a second OpenMP thread only stalls when anything
+# else runs on the machine
 PY=.venv/bin/python
 LAUNCH=(.venv/bin/accelerate launch --num_machines 1 --num_processes 1 --mixed_precision no --dynamo_backend no)
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE="${WANDB_MODE:-offline}" DS_BUILD_OPS=0
@@ -31,7 +33,7 @@ $PY -m speculators validate "${RUN_DIR}/export"
 
 stage "4/5 evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU, k = 1..3"
 $PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${EVAL_PROMPTS}" \
-    --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" --k 1 2 3 --batch-size 1 \
+    --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" --k 1 2 3 --batch-size 1 --threads 1 \
     --vllm --output "${RUN_DIR}/eval"
 
 stage "5/5 summary"
