@@ -51,11 +51,25 @@ GOAL_HASS_GAIN = 0.05
 def settings(quick: bool) -> dict[str, Any]:
     """Sizes of the run: quick proves the script end to end; full produces the figures."""
     if quick:
-        return {"root": "outputs/bench_quick", "prompts": 8, "engine_prompts": 4, "max_tokens": 48, "ks": [1, 2, 3],
-                "overrides": QUICK_OVERRIDES, "out": "bench/results/acceptance_quick.json"}
+        return {
+            "root": "outputs/bench_quick",
+            "prompts": 8,
+            "engine_prompts": 4,
+            "max_tokens": 48,
+            "ks": [1, 2, 3],
+            "overrides": QUICK_OVERRIDES,
+            "out": "bench/results/acceptance_quick.json",
+        }
     # our engine decodes ~15 tokens/s here (HF forward overhead), so it samples fewer prompts than vLLM
-    return {"root": "outputs", "prompts": 24, "engine_prompts": 12, "max_tokens": 96, "ks": [1, 2, 3, 4, 5],
-            "overrides": [], "out": "bench/results/acceptance.json"}
+    return {
+        "root": "outputs",
+        "prompts": 24,
+        "engine_prompts": 12,
+        "max_tokens": 96,
+        "ks": [1, 2, 3, 4, 5],
+        "overrides": [],
+        "out": "bench/results/acceptance.json",
+    }
 
 
 # ---- pipeline stages -----------------------------------------------------------------------------------------
@@ -81,8 +95,16 @@ def pipeline(root: Path, overrides: list[str]) -> list[list[list[Stage]]]:
                 ("export_eagle3", [*export, str(root / EAGLE), str(exports / "eagle3")], exports / "eagle3"),
             ],
             [
-                ("train_hass_stage1", [PY, "train/run.py", f"recipe={HASS1}", *common, *one_core], root / HASS1),
-                ("train_hass_stage2", [PY, "train/run.py", f"recipe={HASS2}", *common, *one_core], root / HASS2),
+                (
+                    "train_hass_stage1",
+                    [PY, "train/run.py", f"recipe={HASS1}", *common, *one_core],
+                    root / HASS1,
+                ),
+                (
+                    "train_hass_stage2",
+                    [PY, "train/run.py", f"recipe={HASS2}", *common, *one_core],
+                    root / HASS2,
+                ),
                 ("export_hass", [*export, str(root / HASS2), str(exports / "hass")], exports / "hass"),
             ],
         ],
@@ -105,12 +127,19 @@ def run_stage(name: str, command: list[str], output: Path, logs: Path) -> dict[s
     print(f"[bench] {name}: {' '.join(command)}  (log: {log})", flush=True)
     start = time.perf_counter()
     with open(log, "a") as handle:
-        code = subprocess.call(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
-                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        code = subprocess.call(
+            command,
+            cwd=REPO,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
     wall = time.perf_counter() - start
     if code != 0:
         tail = "\n".join(log.read_text().splitlines()[-30:])
-        raise SystemExit(f"[bench] {name} failed (exit {code}) after {wall:.0f} s; last lines of {log}:\n{tail}")
+        raise SystemExit(
+            f"[bench] {name} failed (exit {code}) after {wall:.0f} s; last lines of {log}:\n{tail}"
+        )
     record = {"command": " ".join(command), "wall_s": round(wall, 1)}
     output.mkdir(parents=True, exist_ok=True)
     tmp = done.with_suffix(".tmp")
@@ -123,9 +152,12 @@ def run_stage(name: str, command: list[str], output: Path, logs: Path) -> dict[s
 def run_wave(lanes: list[list[Stage]], logs: Path) -> dict[str, dict[str, Any]]:
     """The lanes side by side (threads that wait on the stage subprocesses); the first failure is raised once
     every lane has stopped."""
+
     def lane(stages: list[Stage]) -> dict[str, dict[str, Any]]:
-        return {name: {**run_stage(name, command, output, logs), "lanes_in_wave": len(lanes)}
-                for name, command, output in stages}
+        return {
+            name: {**run_stage(name, command, output, logs), "lanes_in_wave": len(lanes)}
+            for name, command, output in stages
+        }
 
     records: dict[str, dict[str, Any]] = {}
     with ThreadPoolExecutor(len(lanes)) as pool:
@@ -139,8 +171,9 @@ def heldout_prompts(data_dir: Path, tokenizer: Any, count: int, max_prompt_token
     """The first ``count`` held-out chats whose rendered prompt fits ``max_prompt_tokens`` (ids, messages)."""
     from speculators.eval.prompts import load_prompts, select_prompts
 
-    ids, kept, _ = select_prompts(tokenizer, load_prompts(data_dir / "heldout_conversations.jsonl"),
-                                  max_prompt_tokens, count)
+    ids, kept, _ = select_prompts(
+        tokenizer, load_prompts(data_dir / "heldout_conversations.jsonl"), max_prompt_tokens, count
+    )
     return ids, kept
 
 
@@ -158,8 +191,14 @@ def vllm_measurements(verifier: str, drafts: dict[str, Path], prompts: list, cfg
     from speculators.serving.vllm_bridge import VllmError
 
     max_len = max(map(len, prompts)) + cfg["max_tokens"] + max(cfg["ks"]) + 16
-    base = dict(model=verifier, prompts=prompts, max_tokens=cfg["max_tokens"], dtype="float32",
-                max_model_len=max_len, warmup=True)
+    base = dict(
+        model=verifier,
+        prompts=prompts,
+        max_tokens=cfg["max_tokens"],
+        dtype="float32",
+        max_model_len=max_len,
+        warmup=True,
+    )
     requests = [VllmRequest(**base, name="plain/T0")]
     for k in cfg["ks"]:
         for name, spec in spec_configs(drafts, k).items():
@@ -207,14 +246,22 @@ def engine_measurements(verifier: tuple, drafts: dict[str, Path], chats: list, c
     out = {}
     plain = None
     for name, path in drafts.items():
-        settings_ = evaluation.EvalSettings(ks=[3], temperature=0.7, max_new_tokens=cfg["max_tokens"],
-                                            batch_size=1, compare_plain=plain is None)  # one plain run serves all
-        result = evaluation.evaluate(path, verifier=verifier, prompts=chats[: cfg["engine_prompts"]],
-                                     settings=settings_)
+        settings_ = evaluation.EvalSettings(
+            ks=[3],
+            temperature=0.7,
+            max_new_tokens=cfg["max_tokens"],
+            batch_size=1,
+            compare_plain=plain is None,
+        )  # one plain run serves all
+        result = evaluation.evaluate(
+            path, verifier=verifier, prompts=chats[: cfg["engine_prompts"]], settings=settings_
+        )
         plain = plain or result["plain"]
         run = result["runs"][0]
-        out[f"{name}/k3/T0.7"] = {key: run.get(key) for key in
-                                 ("acceptance_length_global", "acceptance_length_per_sample_mean", "tokens_per_s")}
+        out[f"{name}/k3/T0.7"] = {
+            key: run.get(key)
+            for key in ("acceptance_length_global", "acceptance_length_per_sample_mean", "tokens_per_s")
+        }
         out[f"{name}/k3/T0.7"]["plain_tokens_per_s"] = plain["tokens_per_s"]
         out[f"{name}/k3/T0.7"]["speedup"] = run["tokens_per_s"] / plain["tokens_per_s"]
         out[f"{name}/k3/T0.7"]["prompts"] = len(chats[: cfg["engine_prompts"]])
@@ -227,9 +274,13 @@ def summarize(vllm: dict, ks: list[int], drafts: list[str]) -> dict[str, Any]:
 
     table = {d: {f"k{k}": al(f"{d}/k{k}/T0") for k in ks} for d in [*drafts, "ngram"]}
     plain = vllm["plain/T0"]["tokens_per_s"]
-    speed = {d: {"tokens_per_s_k3": vllm[f"{d}/k3/T0"]["tokens_per_s"],
-                 "speedup_vs_plain_k3": vllm[f"{d}/k3/T0"]["tokens_per_s"] / plain if plain else None}
-             for d in [*drafts, "ngram"]}
+    speed = {
+        d: {
+            "tokens_per_s_k3": vllm[f"{d}/k3/T0"]["tokens_per_s"],
+            "speedup_vs_plain_k3": vllm[f"{d}/k3/T0"]["tokens_per_s"] / plain if plain else None,
+        }
+        for d in [*drafts, "ngram"]
+    }
     eagle, hass = al("eagle3/k3/T0"), al("hass/k3/T0")
     goals = {
         "eagle3_al_k3_greedy": eagle,
@@ -250,7 +301,9 @@ def timed(function: Any, *args: Any) -> tuple[Any, dict[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, run dir outputs/bench_quick (~10 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes, run dir outputs/bench_quick (~10 min)"
+    )
     parser.add_argument("--out", help="result JSON (default bench/results/acceptance[_quick].json)")
     args = parser.parse_args()
     cfg = settings(args.quick)
@@ -268,27 +321,45 @@ def main() -> None:
     model, tokenizer = load_verifier("smollm2", dtype="float32")
     prompts, chats = heldout_prompts(root / EAGLE / "data", tokenizer, cfg["prompts"], MAX_PROMPT_TOKENS)
     drafts = {"eagle3": root / "bench_exports" / "eagle3", "hass": root / "bench_exports" / "hass"}
-    print(f"[bench] vLLM measurements on {len(prompts)} held-out prompts, our engine at T=0.7 alongside ...",
-          flush=True)
+    print(
+        f"[bench] vLLM measurements on {len(prompts)} held-out prompts, our engine at T=0.7 alongside ...",
+        flush=True,
+    )
     with ThreadPoolExecutor(1) as pool:  # vLLM runs in worker processes: this thread only waits on them
         vllm_job = pool.submit(timed, vllm_measurements, verifier_path, drafts, prompts, cfg)
         torch.set_num_threads(1)
-        engine, stage_records["measure_engine_T0.7"] = timed(engine_measurements, (model, tokenizer), drafts,
-                                                             chats, cfg)
+        engine, stage_records["measure_engine_T0.7"] = timed(
+            engine_measurements, (model, tokenizer), drafts, chats, cfg
+        )
         vllm, stage_records["measure_vllm"] = vllm_job.result()
     summary = summarize(vllm, cfg["ks"], list(drafts))
-    summary["engine_T0.7_acceptance_length_k3"] = {k: v["acceptance_length_global"] for k, v in engine.items()}
+    summary["engine_T0.7_acceptance_length_k3"] = {
+        k: v["acceptance_length_global"] for k, v in engine.items()
+    }
     summary["vllm_T0.7_acceptance_length_k3"] = {
-        k: v["acceptance_length"] for k, v in vllm.items() if k.endswith("/T0.7") and "plain" not in k}
+        k: v["acceptance_length"] for k, v in vllm.items() if k.endswith("/T0.7") and "plain" not in k
+    }
     result = {
         "mode": "quick" if args.quick else "full",
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "command": " ".join([".venv/bin/python", "bench/acceptance_bench.py", *(["--quick"] if args.quick else [])]),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "command": " ".join(
+            [".venv/bin/python", "bench/acceptance_bench.py", *(["--quick"] if args.quick else [])]
+        ),
         "recipes": [EAGLE, HASS1, HASS2],
         "overrides": cfg["overrides"],
-        "prompts": {"source": str(root / EAGLE / "data" / "heldout_conversations.jsonl"), "count": len(prompts),
-                    "max_new_tokens": cfg["max_tokens"], "max_prompt_tokens": MAX_PROMPT_TOKENS, "vllm_dtype": "float32",
-                    "vllm_threads": VLLM_THREADS, "engine_threads": 1},
+        "prompts": {
+            "source": str(root / EAGLE / "data" / "heldout_conversations.jsonl"),
+            "count": len(prompts),
+            "max_new_tokens": cfg["max_tokens"],
+            "max_prompt_tokens": MAX_PROMPT_TOKENS,
+            "vllm_dtype": "float32",
+            "vllm_threads": VLLM_THREADS,
+            "engine_threads": 1,
+        },
         "ngram": NGRAM_LOOKUP,
         "stages": stage_records,
         "total_wall_s": round(time.perf_counter() - started, 1),

@@ -73,7 +73,13 @@ def embedded_verifier_dir(root: Path | None = None) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
     settings = gguf_model.config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "architectures", "model_type", "transformers_version"):
+    for key in (
+        "quantization_config",
+        "_name_or_path",
+        "architectures",
+        "model_type",
+        "transformers_version",
+    ):
         settings.pop(key, None)
     model = LlamaForCausalLM(LlamaConfig(**settings))
     model.load_state_dict(gguf_model.state_dict(), strict=False)

@@ -54,7 +54,9 @@ class DraftVocab:
         tensors = load_file(str(path))
         return cls(d2t=tensors["d2t"], t2d=tensors["t2d"], provenance=provenance)
 
-    def check_compatible(self, tokenizer_fingerprint: str, draft_vocab_size: int, where: str = "draft vocab") -> None:
+    def check_compatible(
+        self, tokenizer_fingerprint: str, draft_vocab_size: int, where: str = "draft vocab"
+    ) -> None:
         """Refuse a mapping made for another tokenizer or size (reuse across them silently wrecks acceptance)."""
         built_for = self.provenance.get("tokenizer_fingerprint")
         if built_for and built_for != tokenizer_fingerprint:
@@ -75,7 +77,9 @@ def build_draft_vocab(
     """Keep the ``draft_vocab_size`` most frequent ids (ties → lower id; unseen ids fill from the lowest)."""
     vocab_size = int(token_counts.shape[0])
     if not 0 < draft_vocab_size <= vocab_size:
-        raise ValueError(f"draft_vocab_size {draft_vocab_size} must be in [1, {vocab_size}] (the verifier vocab)")
+        raise ValueError(
+            f"draft_vocab_size {draft_vocab_size} must be in [1, {vocab_size}] (the verifier vocab)"
+        )
     counts = token_counts.to(torch.float64)
     # A stable sort on -count keeps ascending id order among equal counts: ties go to the lower id.
     order = torch.sort(-counts, stable=True).indices
@@ -84,7 +88,11 @@ def build_draft_vocab(
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[selected] = True
     covered = float(counts[selected].sum() / counts.sum()) if counts.sum() > 0 else 0.0
-    info = {"draft_vocab_size": draft_vocab_size, "vocab_size": vocab_size, "assistant_token_coverage": covered}
+    info = {
+        "draft_vocab_size": draft_vocab_size,
+        "vocab_size": vocab_size,
+        "assistant_token_coverage": covered,
+    }
     info.update(provenance or {})
     return DraftVocab(d2t=d2t.to(torch.long), t2d=t2d, provenance=info)
 
@@ -95,7 +103,6 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     special = sorted(map(str, getattr(tokenizer, "all_special_tokens", [])))
     payload = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=False).encode()
     return hashlib.sha256(payload).hexdigest()
-
 
 
 __all__ = ["DraftVocab", "build_draft_vocab", "tokenizer_fingerprint"]

@@ -9,10 +9,13 @@ from speculators.format.validate import errors, validate_checkpoint
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("validate", help="check a checkpoint against every rule vLLM and speculators enforce")
+    parser = subparsers.add_parser(
+        "validate", help="check a checkpoint against every rule vLLM and speculators enforce"
+    )
     parser.add_argument("directory", help="the draft checkpoint directory (config.json + model.safetensors)")
     parser.add_argument(
-        "--verifier", help="verifier HF directory for the cross-checks (default: the config's local name_or_path)"
+        "--verifier",
+        help="verifier HF directory for the cross-checks (default: the config's local name_or_path)",
     )
     parser.set_defaults(func=run)
 

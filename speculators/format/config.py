@@ -154,8 +154,12 @@ class Eagle3Config:
         verifier_type = verifier_config.get("model_type", "llama")
         layer_type = layer_type or ("qwen3" if verifier_type.startswith("qwen3") else "llama")
         if layer_type not in SUPPORTED_LAYER_TYPES:
-            raise ValueError(f"draft layer type {layer_type!r} is not servable; use one of {SUPPORTED_LAYER_TYPES}")
-        layer = {k: verifier_config[k] for k in LAYER_KEYS_FROM_VERIFIER if verifier_config.get(k) is not None}
+            raise ValueError(
+                f"draft layer type {layer_type!r} is not servable; use one of {SUPPORTED_LAYER_TYPES}"
+            )
+        layer = {
+            k: verifier_config[k] for k in LAYER_KEYS_FROM_VERIFIER if verifier_config.get(k) is not None
+        }
         layer.update(rope_settings(verifier_config))
         layer.setdefault("head_dim", layer["hidden_size"] // layer["num_attention_heads"])
         layer.setdefault("num_key_value_heads", layer["num_attention_heads"])
@@ -212,7 +216,9 @@ class Eagle3Config:
                 data.pop(key, None)
             return cls(speculators_config=speculators_config, extra=data, **kwargs)
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a valid speculators EAGLE-3 config: {exc!r}; run `speculators validate`") from exc
+            raise ValueError(
+                f"not a valid speculators EAGLE-3 config: {exc!r}; run `speculators validate`"
+            ) from exc
 
     def save(self, directory: str | Path) -> None:
         path = Path(directory) / "config.json"

@@ -57,7 +57,9 @@ def validate_checkpoint(
         verifier_config = _local_verifier_config(config)
     if verifier_config is not None:
         findings += list(_verifier_findings(config, verifier_config, str(config_path)))
-    if check_weights and not any(f.severity == "error" and "transformer_layer_config" in f.message for f in findings):
+    if check_weights and not any(
+        f.severity == "error" and "transformer_layer_config" in f.message for f in findings
+    ):
         findings += list(_weight_findings(config, directory))
     return findings
 
@@ -81,19 +83,21 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
         )
     model_type = config.get("speculators_model_type")
     if model_type is None:
-        yield error("speculators_model_type is missing; set it to \"eagle3\"")
+        yield error('speculators_model_type is missing; set it to "eagle3"')
     elif model_type not in SERVABLE_MODEL_TYPES:
         yield error(
             f"speculators_model_type {model_type!r} is not servable by vLLM (one of {SERVABLE_MODEL_TYPES}); "
             "an EAGLE-1/HASS-style draft must be converted to the eagle3 architecture"
         )
     if DRAFT_ARCHITECTURE not in (config.get("architectures") or []):
-        yield warning(f"architectures should be [\"{DRAFT_ARCHITECTURE}\"]")
+        yield warning(f'architectures should be ["{DRAFT_ARCHITECTURE}"]')
     yield from _speculators_config_findings(config.get("speculators_config"), error)
 
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
-        yield error("transformer_layer_config is missing or not a dict; copy the verifier's layer settings into it")
+        yield error(
+            "transformer_layer_config is missing or not a dict; copy the verifier's layer settings into it"
+        )
     else:
         layer_type = layer.get("model_type")
         if layer_type is None:
@@ -102,7 +106,9 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
                 f"assumes qwen3; write one of {SUPPORTED_LAYER_TYPES}"
             )
         elif layer_type not in SUPPORTED_LAYER_TYPES:
-            yield error(f"transformer_layer_config.model_type {layer_type!r} is not one of {SUPPORTED_LAYER_TYPES}")
+            yield error(
+                f"transformer_layer_config.model_type {layer_type!r} is not one of {SUPPORTED_LAYER_TYPES}"
+            )
         for key in REQUIRED_LAYER_KEYS:
             if key not in layer:
                 yield error(f"transformer_layer_config.{key} is missing; copy it from the verifier's config")
@@ -140,7 +146,9 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
         )
     for flag in ("norm_before_fc", "fc_norm", "norm_output"):
         if config.get(flag):
-            yield warning(f"{flag} is true: only recent vLLM releases read it; a max-compat export leaves it false")
+            yield warning(
+                f"{flag} is true: only recent vLLM releases read it; a max-compat export leaves it false"
+            )
 
 
 def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
@@ -148,7 +156,9 @@ def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
         yield error("speculators_config is missing or not a dict; vLLM detects the format by it")
         return
     if not spec.get("algorithm"):
-        yield error("speculators_config.algorithm is missing (the speculators library needs it); set \"eagle3\"")
+        yield error(
+            'speculators_config.algorithm is missing (the speculators library needs it); set "eagle3"'
+        )
     methods = spec.get("proposal_methods")
     if not isinstance(methods, list) or not methods:
         yield error("speculators_config.proposal_methods is missing or empty; add a greedy method")
@@ -167,9 +177,13 @@ def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
         )
     default = spec.get("default_proposal_method")
     if default is None:
-        yield error("speculators_config.default_proposal_method is missing (the speculators library needs it)")
+        yield error(
+            "speculators_config.default_proposal_method is missing (the speculators library needs it)"
+        )
     elif default not in types:
-        yield error(f"speculators_config.default_proposal_method {default!r} is not one of the proposal types {types}")
+        yield error(
+            f"speculators_config.default_proposal_method {default!r} is not one of the proposal types {types}"
+        )
     verifier = spec.get("verifier")
     if not isinstance(verifier, dict):
         yield error("speculators_config.verifier is missing; name the verifier (name_or_path, architectures)")
@@ -237,7 +251,10 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every tensor name and shape a checkpoint with this config must hold."""
     layer = config["transformer_layer_config"]
     hidden, vocab = layer["hidden_size"], layer["vocab_size"]
-    heads, kv_heads = layer["num_attention_heads"], layer.get("num_key_value_heads", layer["num_attention_heads"])
+    heads, kv_heads = (
+        layer["num_attention_heads"],
+        layer.get("num_key_value_heads", layer["num_attention_heads"]),
+    )
     head_dim = layer.get("head_dim") or hidden // heads
     inter = layer["intermediate_size"]
     draft_vocab = config.get("draft_vocab_size", vocab)
@@ -275,7 +292,11 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_norm.weight"] = (head_dim,)
             shapes[p + "self_attn.k_norm.weight"] = (head_dim,)
         if layer.get("attention_bias"):
-            for proj, rows in (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
+            for proj, rows in (
+                ("q", heads * head_dim),
+                ("k", kv_heads * head_dim),
+                ("v", kv_heads * head_dim),
+            ):
                 shapes[p + f"self_attn.{proj}_proj.bias"] = (rows,)
             shapes[p + "self_attn.o_proj.bias"] = (hidden,)
     if draft_vocab != vocab:
@@ -310,7 +331,9 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
     legacy = {n for n in names if n.startswith("midlayer.")}
     if legacy:
         yield Finding(
-            "warning", where, "uses the original EAGLE-3 'midlayer.' names; run `speculators convert` for 'layers.0.'"
+            "warning",
+            where,
+            "uses the original EAGLE-3 'midlayer.' names; run `speculators convert` for 'layers.0.'",
         )
         names = (names - legacy) | {"layers.0." + n.removeprefix("midlayer.") for n in legacy}
     normalized = {}
@@ -332,7 +355,9 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
         if name in normalized and tuple(normalized[name].shape) != shape:
             yield error(f"{name} has shape {list(normalized[name].shape)}, the config implies {list(shape)}")
     for name in sorted(set(normalized) - set(shapes)):
-        yield Finding("warning", where, f"{name} is not part of the format; consumers will ignore or reject it")
+        yield Finding(
+            "warning", where, f"{name} is not part of the format; consumers will ignore or reject it"
+        )
     for name, tensor in normalized.items():
         if tensor.is_floating_point() and not torch.isfinite(tensor.float()).all():
             yield error(f"{name} contains NaN or Inf values; the training diverged or the file is corrupted")

@@ -126,10 +126,16 @@ class Eagle3DraftModel(nn.Module):
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__()
         if config.layer_type not in ("llama", "qwen3"):
-            raise ValueError(f"transformer_layer_config.model_type {config.layer_type!r}: use 'llama' or 'qwen3'")
+            raise ValueError(
+                f"transformer_layer_config.model_type {config.layer_type!r}: use 'llama' or 'qwen3'"
+            )
         self.config = config
         cfg = hf_layer_config(config)
-        hidden, vocab, n_aux = config.hidden_size, config.vocab_size, len(config.eagle_aux_hidden_state_layer_ids)
+        hidden, vocab, n_aux = (
+            config.hidden_size,
+            config.vocab_size,
+            len(config.eagle_aux_hidden_state_layer_ids),
+        )
         verifier_hidden = config.verifier_hidden_size
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the verifier's embedding
@@ -159,7 +165,7 @@ class Eagle3DraftModel(nn.Module):
             aux_hidden = self.input_norm(aux_hidden)
         if self.config.fc_norm:
             chunks = aux_hidden.chunk(len(self.fc_norm), dim=-1)
-            aux_hidden = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+            aux_hidden = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(aux_hidden)
 
     def forward(
@@ -196,9 +202,9 @@ class Eagle3DraftModel(nn.Module):
     def expand_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocab logits → verifier-vocab logits (``-inf`` outside the draft vocabulary), as vLLM does."""
         full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        full[..., self.draft_to_target(torch.arange(self.config.draft_vocab_size, device=draft_logits.device))] = (
-            draft_logits
-        )
+        full[
+            ..., self.draft_to_target(torch.arange(self.config.draft_vocab_size, device=draft_logits.device))
+        ] = draft_logits
         return full
 
     # ---- checkpoint I/O ------------------------------------------------------------------------------------

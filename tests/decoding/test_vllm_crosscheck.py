@@ -75,4 +75,6 @@ def test_acceptance_length_matches_vllm(served_pair, tmp_path):
         assert all(abs(a - b) <= TOLERANCE for a, b in per_position), (run, theirs)
         assert theirs["speedup_vs_vllm_plain"] > 0
     # vLLM without the draft ran on the same prompts: the baseline of the tokens/s comparison.
-    assert results["vllm"]["plain"]["tokens_per_s"] > 0 and results["vllm"]["plain"]["acceptance_length"] is None
+    assert (
+        results["vllm"]["plain"]["tokens_per_s"] > 0 and results["vllm"]["plain"]["acceptance_length"] is None
+    )

@@ -330,8 +330,9 @@ def test_repeated_aux_ids_are_refused(tmp_path, small_verifier_dir):
     """vLLM de-duplicates aux ids, so fc would be too narrow: the converter warns and the validator refuses."""
     model = build_draft(small_verifier_dir, draft_vocab_size=256, aux_layer_ids=[2, 3, 3])
     model.save_pretrained(tmp_path / "src")
-    with pytest.warns(ExportWarning, match="vLLM fails to run this draft"), pytest.raises(
-        InvalidCheckpointError, match="repeated or unsorted"
+    with (
+        pytest.warns(ExportWarning, match="vLLM fails to run this draft"),
+        pytest.raises(InvalidCheckpointError, match="repeated or unsorted"),
     ):
         convert_checkpoint(tmp_path / "src", tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -17,7 +17,9 @@ from speculators.vocab import build_draft_vocab
 def build_draft(verifier_dir, draft_vocab_size: int = 1024, seed: int = 0, **kwargs) -> Eagle3DraftModel:
     torch.manual_seed(seed)
     verifier = read_config_json(verifier_dir)
-    config = Eagle3Config.from_verifier(verifier, str(verifier_dir), draft_vocab_size=draft_vocab_size, **kwargs)
+    config = Eagle3Config.from_verifier(
+        verifier, str(verifier_dir), draft_vocab_size=draft_vocab_size, **kwargs
+    )
     model = Eagle3DraftModel(config)
     counts = torch.randint(0, 1000, (config.vocab_size,))
     vocab = build_draft_vocab(counts, draft_vocab_size)
@@ -103,12 +105,15 @@ def test_from_verifier_copies_rope_scaling():
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    reference = LlamaRotaryEmbedding(LlamaConfig(**{k: v for k, v in verifier.items() if k != "architectures"}))
+    reference = LlamaRotaryEmbedding(
+        LlamaConfig(**{k: v for k, v in verifier.items() if k != "architectures"})
+    )
     assert torch.allclose(model.rotary_emb.inv_freq, reference.inv_freq)
 
 
 @pytest.mark.parametrize(
-    ("layers", "expected"), [(32, [2, 16, 29]), (30, [2, 15, 27]), (8, [2, 4, 5]), (6, [1, 3, 5]), (4, [1, 2, 3])]
+    ("layers", "expected"),
+    [(32, [2, 16, 29]), (30, [2, 15, 27]), (8, [2, 4, 5]), (6, [1, 3, 5]), (4, [1, 2, 3])],
 )
 def test_default_aux_ids_are_distinct_and_ascending(layers, expected):
     from speculators.format.config import default_aux_layer_ids

@@ -105,7 +105,11 @@ BAD_CASES = {
         "speculative_tokens",
     ),
     "no_norm_before_residual": (_delete("norm_before_residual"), None, "norm_before_residual is missing"),
-    "no_default_method": (_delete("speculators_config.default_proposal_method"), None, "default_proposal_method"),
+    "no_default_method": (
+        _delete("speculators_config.default_proposal_method"),
+        None,
+        "default_proposal_method",
+    ),
     "no_verifier_architectures": (
         _delete("speculators_config.verifier.architectures"),
         None,
@@ -145,7 +149,15 @@ def test_cli_runs_as_module(good_checkpoint, tiny_llama_dir):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "speculators", "validate", str(good_checkpoint), "--verifier", str(tiny_llama_dir)],
+        [
+            sys.executable,
+            "-m",
+            "speculators",
+            "validate",
+            str(good_checkpoint),
+            "--verifier",
+            str(tiny_llama_dir),
+        ],
         capture_output=True,
         text=True,
         check=False,
