@@ -245,6 +245,7 @@ def engine_measurements(verifier: tuple, drafts: dict[str, Path], chats: list, c
 
     out = {}
     plain = None
+    chats = chats[: cfg["engine_prompts"]]
     for name, path in drafts.items():
         settings_ = evaluation.EvalSettings(
             ks=[3],
@@ -253,9 +254,7 @@ def engine_measurements(verifier: tuple, drafts: dict[str, Path], chats: list, c
             batch_size=1,
             compare_plain=plain is None,
         )  # one plain run serves all
-        result = evaluation.evaluate(
-            path, verifier=verifier, prompts=chats[: cfg["engine_prompts"]], settings=settings_
-        )
+        result = evaluation.evaluate(path, verifier=verifier, prompts=chats, settings=settings_)
         plain = plain or result["plain"]
         run = result["runs"][0]
         out[f"{name}/k3/T0.7"] = {
@@ -264,7 +263,7 @@ def engine_measurements(verifier: tuple, drafts: dict[str, Path], chats: list, c
         }
         out[f"{name}/k3/T0.7"]["plain_tokens_per_s"] = plain["tokens_per_s"]
         out[f"{name}/k3/T0.7"]["speedup"] = run["tokens_per_s"] / plain["tokens_per_s"]
-        out[f"{name}/k3/T0.7"]["prompts"] = len(chats[: cfg["engine_prompts"]])
+        out[f"{name}/k3/T0.7"]["prompts"] = len(chats)
     return out
 
 

@@ -191,7 +191,7 @@ class Trainer:
         self.head = head.to(self.device, dtype=head_dtype)
         self.draft_config = draft_config(cfg, self.verifier_config, self.aux_layer_ids, self.vocab)
         draft = build_draft(cfg, self.draft_config, self.vocab, self.head)
-        fc_init = str(cfg.model.get("fc_init", "default"))
+        fc_init = str(cfg.model.fc_init)  # recipes/model/eagle3.yaml
         if fc_init == "feature_rms" and not cfg.train.init_from:
             scale_fc_by_feature_rms(draft, self._feature_rms().to(draft.fc.weight.device))
         elif fc_init not in ("default", "feature_rms"):
