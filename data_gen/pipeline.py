@@ -28,7 +28,7 @@ import torch
 
 from data_gen.capture import LAYER_CONVENTION, FeatureCapture, resolve_aux_layer_ids, verifier_fingerprint
 from data_gen.masks import ChatMasker, EncodedSample, MaskingError
-from data_gen.regenerate import RegenerateSettings, Regenerator, transformers_generate, vllm_generate
+from data_gen.regenerate import RegenerateSettings, Regenerator, VllmGenerator, transformers_generate
 from data_gen.sources import Conversation, DataSettings, load_conversations, split_conversations
 from data_gen.stats import count_assistant_tokens, write_token_counts
 from data_gen.store import (
@@ -208,7 +208,7 @@ def build_regenerator(
         return None
     if settings.backend == "vllm":
         dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-        generate = vllm_generate(path, settings, dtype, data.max_length + settings.max_new_tokens)
+        generate = VllmGenerator(path, settings, dtype, data.max_length + settings.max_new_tokens)
     else:
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         generate = transformers_generate(model, tokenizer, settings, sorted({masker.eot_id, *eos}))
@@ -364,14 +364,18 @@ def run_data_gen(
         ) as regen,
         tqdm(total=total, unit="conv", desc=f"data_gen rank {dist.rank}", disable=quiet, position=0) as bar,
     ):
-        for split, k in pending:
-            conversations = prepared.splits[split][k * size : (k + 1) * size]
-            record = worker.shard(split, k, conversations, regen.update)
-            tokens += record["num_tokens"]
-            bar.update(len(conversations))
-            bar.set_postfix(tok_s=f"{tokens / max(time.time() - work_started, 1e-9):.0f}", split=split)
-            if on_shard is not None:
-                on_shard(split, k, record)
+        try:
+            for split, k in pending:
+                conversations = prepared.splits[split][k * size : (k + 1) * size]
+                record = worker.shard(split, k, conversations, regen.update)
+                tokens += record["num_tokens"]
+                bar.update(len(conversations))
+                bar.set_postfix(tok_s=f"{tokens / max(time.time() - work_started, 1e-9):.0f}", split=split)
+                if on_shard is not None:
+                    on_shard(split, k, record)
+        finally:
+            if prepared.regenerator is not None:
+                prepared.regenerator.close()
     dist.barrier()
     if not dist.is_main:
         return {"rank": dist.rank, "shards": len(pending), "tokens": tokens, "seconds": time.time() - started}

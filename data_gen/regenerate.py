@@ -5,8 +5,8 @@ makes the training targets on-policy. Multi-turn conversations are regenerated t
 is generated from the history that already holds the regenerated answers 1..i-1 (the user turns stay as they are).
 
 Batched across conversations (``regenerate.batch_size``). Back-ends: ``transformers`` (``model.generate``,
-everywhere) and ``vllm`` (through ``speculators.serving.vllm_bridge.generate_with_vllm``, which runs vLLM in its
-own virtualenv; much faster where vLLM runs). Resumable: each finished batch is appended to a JSONL cache and
+everywhere) and ``vllm`` (one ``speculators.serving.VllmSession`` for the run: vLLM runs in its own virtualenv and
+its engine starts once; much faster where vLLM runs). Resumable: each finished batch is appended to a JSONL cache and
 fsynced; a rerun reuses what is there (a line cut by a kill is discarded). Sampling is seeded per batch from
 ``(seed, cache name, batch index)``, so a resumed run draws the same numbers as an uninterrupted one.
 """
@@ -39,10 +39,13 @@ class RegenerateSettings:
     temperature: float = 0.0
     max_new_tokens: int = 512
     batch_size: int = 16
+    threads: int | None = None
 
     def check(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"data_gen.regenerate.backend={self.backend!r}; use one of {BACKENDS}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"data_gen.regenerate.threads={self.threads}; use null (every core) or >= 1")
         if self.temperature < 0 or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError(
                 "data_gen.regenerate needs temperature >= 0, max_new_tokens >= 1 and batch_size >= 1"
@@ -83,42 +86,50 @@ def transformers_generate(
     return generate
 
 
-def vllm_generate(
-    verifier_path: str, settings: RegenerateSettings, dtype: str, max_model_len: int
-) -> GenerateFn:
-    """The vLLM back-end, through ``speculators.serving.vllm_bridge`` (vLLM lives in its own virtualenv).
-
-    Each call starts one engine in a worker process (seconds on CPU), so use a large ``regenerate.batch_size``
-    with this back-end: one call per turn round of a batch. vLLM stops at the verifier's generation-config EOS
-    ids and strips special tokens from the texts.
+class VllmGenerator:
+    """The vLLM back-end: one :class:`~speculators.serving.VllmSession` for the whole run (vLLM lives in its own
+    virtualenv), so the engine starts once, not once per turn round (~20 s each on CPU). vLLM stops at the
+    verifier's generation-config EOS ids and strips special tokens from the texts. Call :meth:`close` at the end.
     """
-    try:
-        from speculators.serving.vllm_bridge import VllmRequest, generate_with_vllm, vllm_available
-    except ImportError as error:
-        raise RuntimeError(
-            "data_gen.regenerate.backend=vllm is not available: speculators.serving.vllm_bridge "
-            f"cannot be imported ({error}); use backend=transformers"
-        ) from error
-    if not vllm_available():
-        raise RuntimeError(
-            "data_gen.regenerate.backend=vllm is not available: the vLLM virtualenv is missing or has no vLLM "
-            "(run `make vllm-env`, or set SPECULATORS_VLLM_PYTHON); or use backend=transformers"
-        )
 
-    def generate(prompts: list[list[int]], seed: int) -> list[str]:
+    def __init__(
+        self, verifier_path: str, settings: RegenerateSettings, dtype: str, max_model_len: int
+    ) -> None:
+        try:
+            from speculators.serving.vllm_bridge import VllmSession, vllm_available
+        except ImportError as error:
+            raise RuntimeError(
+                "data_gen.regenerate.backend=vllm is not available: speculators.serving.vllm_bridge "
+                f"cannot be imported ({error}); use backend=transformers"
+            ) from error
+        if not vllm_available():
+            raise RuntimeError(
+                "data_gen.regenerate.backend=vllm is not available: the vLLM virtualenv is missing or has no "
+                "vLLM (run `make vllm-env`, or set SPECULATORS_VLLM_PYTHON); or use backend=transformers"
+            )
+        self.verifier_path = verifier_path
+        self.settings = settings
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.session = VllmSession(threads=settings.threads or os.cpu_count())
+
+    def __call__(self, prompts: list[list[int]], seed: int) -> list[str]:
+        from speculators.serving.vllm_bridge import VllmRequest
+
         request = VllmRequest(
-            model=verifier_path,
+            model=self.verifier_path,
             prompts=[list(p) for p in prompts],
-            max_tokens=settings.max_new_tokens,
-            temperature=settings.temperature,
+            max_tokens=self.settings.max_new_tokens,
+            temperature=self.settings.temperature,
             seed=seed,
-            dtype=dtype,
-            max_model_len=max_model_len,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
             name="regenerate",
         )
-        return list(generate_with_vllm(request).texts)
+        return list(self.session.run(request).texts)
 
-    return generate
+    def close(self) -> None:
+        self.session.close()
 
 
 # ---- the resumable cache ------------------------------------------------------------------------------------
@@ -168,6 +179,12 @@ class Regenerator:
         self.settings = settings
         self.max_length = max_length
         self.seed = seed
+
+    def close(self) -> None:
+        """Release the back-end (the vLLM worker process); a no-op for ``transformers``."""
+        close = getattr(self.generate, "close", None)
+        if close is not None:
+            close()
 
     def regenerate(
         self, conversations: list[Conversation], cache: Path, progress: Callable[[int], None] | None = None
@@ -233,4 +250,4 @@ class Regenerator:
         return entries
 
 
-__all__ = ["RegenerateSettings", "Regenerator", "transformers_generate", "vllm_generate"]
+__all__ = ["RegenerateSettings", "Regenerator", "VllmGenerator", "transformers_generate"]

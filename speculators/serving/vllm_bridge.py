@@ -1,8 +1,9 @@
 """Serving our checkpoints with vLLM (the real consumer), from the training environment.
 
 vLLM-on-CPU pins its own torch and transformers, so it lives in ``.venv-vllm`` (``make vllm-env``) and runs through
-the standalone ``vllm_worker.py`` script; this module never imports vLLM. One call may carry several
-:class:`VllmRequest` s: they run one after another in a single worker process, paying vLLM's import once.
+the standalone ``vllm_worker.py`` script; this module never imports vLLM. One :func:`run_vllm` call may carry several
+:class:`VllmRequest` s: they run one after another in a single worker process, paying vLLM's import once; a
+:class:`VllmSession` keeps one worker (and its engine) alive across calls.
 
     result = generate_with_vllm(VllmRequest(model=draft_dir, prompts=[[{"role": "user", "content": "Hi"}]]))
     result.texts, result.token_ids, result.spec.mean_acceptance_length
@@ -28,6 +29,7 @@ from typing import Any
 
 from speculators.serving.worker_process import (
     ConsumerUnavailable,
+    LineWorker,
     WorkerError,
     consumer_python,
     python_has_module,
@@ -228,20 +230,89 @@ def run_vllm(
         return []
     python = vllm_python()
     payload = {"jobs": [request.to_job() for request in requests]}
-    env = {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: starts in seconds, not tens of seconds
-        "OMP_NUM_THREADS": str(threads) if threads else os.environ.get("OMP_NUM_THREADS", "1"),
-    }
     log = Path(log_path) if log_path else None
     try:
-        result = run_json_worker(python, WORKER_SCRIPT, payload, timeout, "the vLLM worker", log, env)
+        result = run_json_worker(
+            python, WORKER_SCRIPT, payload, timeout, "the vLLM worker", log, _worker_env(threads)
+        )
     except WorkerError as exc:
         raise VllmError(str(exc)) from None
     results = [VllmResult.from_job(job, result["vllm_version"], result["device"]) for job in result["jobs"]]
     for item in results:
-        for message in item.warnings:
-            warnings.warn(f"{item.name or item.raw.get('model')}: {message}", VllmWarning, stacklevel=2)
+        _warn(item)
     return results
+
+
+def _worker_env(threads: int | None) -> dict[str, str]:
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: starts in seconds, not tens of seconds
+        "OMP_NUM_THREADS": str(threads) if threads else os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+
+
+def _warn(result: VllmResult) -> None:
+    for message in result.warnings:
+        warnings.warn(f"{result.name or result.raw.get('model')}: {message}", VllmWarning, stacklevel=3)
+
+
+class VllmSession:
+    """One vLLM worker process for many requests, one after another; the engine stays loaded while consecutive
+    requests share its configuration (model, draft, dtype, lengths, KV cache) and is replaced when one does not.
+
+    Why: on CPU every :func:`run_vllm` call pays vLLM's import and an engine start (~20 s). Data generation asks
+    for one generation per turn round, so it keeps one session for the whole run. Use as a context manager (or call
+    :meth:`close`); the worker also exits by itself when this process ends. ``threads``, ``timeout`` (per request)
+    and ``log_path`` are as for :func:`run_vllm`. A failed request raises :class:`VllmError` and the session stays
+    usable (the engine is restarted); a crashed worker raises :class:`VllmError` with its log tail.
+    """
+
+    def __init__(
+        self,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        log_path: str | Path | None = None,
+        threads: int | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self.log_path = Path(log_path) if log_path else None
+        self.threads = threads
+        self._worker: LineWorker | None = None
+
+    def run(self, request: VllmRequest) -> VllmResult:
+        """Generate for ``request`` (the worker starts on the first call)."""
+        try:
+            if self._worker is None:
+                self._worker = LineWorker(
+                    vllm_python(),
+                    WORKER_SCRIPT,
+                    "the vLLM session worker",
+                    self.timeout,
+                    self.log_path,
+                    _worker_env(self.threads),
+                )
+            reply = self._worker.call(request.to_job(), self.timeout)
+        except WorkerError as exc:
+            self._worker = None
+            raise VllmError(str(exc)) from None
+        if not reply.get("ok"):
+            raise VllmError(
+                f"vLLM failed on request {request.name or request.model!r}: {reply.get('error')}\n"
+                f"{reply.get('traceback', '')}log: {self._worker.log}"
+            )
+        greeting = self._worker.greeting
+        result = VllmResult.from_job(reply, greeting["vllm_version"], greeting["device"])
+        _warn(result)
+        return result
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    def __enter__(self) -> VllmSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def generate_with_vllm(

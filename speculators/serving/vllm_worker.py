@@ -1,6 +1,7 @@
 """Standalone vLLM worker: runs inside the vLLM virtualenv, NOT inside the speculators package.
 
-Usage: ``python vllm_worker.py REQUEST.json RESULT.json``. It imports only the standard library and vLLM (which
+Usage: ``python vllm_worker.py REQUEST.json RESULT.json`` (a batch of jobs), or ``python vllm_worker.py --serve FD``
+(a session: jobs on stdin, one reply line each on file descriptor FD; see ``serve``). It imports only the standard library and vLLM (which
 pins its own torch and transformers, incompatible with the training environment), so it must never import
 ``speculators``. The request holds a list of jobs; each job starts one engine, generates, reads vLLM's metrics and
 frees the engine, so one process (one vLLM import, ~5 s) serves several configurations.
@@ -143,50 +144,115 @@ def known_problems(job: dict[str, Any], k: int) -> list[str]:
     return problems
 
 
-def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+def start_engine(job: dict[str, Any]) -> tuple[Any, float]:
+    """A new engine for ``job`` and the seconds it took to start."""
+    from vllm import LLM
 
     started = time.perf_counter()
     llm = LLM(**engine_kwargs(job))
-    engine_seconds = time.perf_counter() - started
+    return llm, time.perf_counter() - started
+
+
+def generate(llm: Any, job: dict[str, Any], engine_seconds: float) -> dict[str, Any]:
+    """Run ``job``'s prompts on ``llm``: ids, texts, timing and the speculative-decoding counters of this call."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompt_ids = render_prompts(llm, job["prompts"])
+    params = SamplingParams(
+        max_tokens=int(job.get("max_tokens", 64)),
+        temperature=float(job.get("temperature", 0.0)),
+        seed=int(job.get("seed", 0)) if float(job.get("temperature", 0.0)) > 0 else None,
+        ignore_eos=bool(job.get("ignore_eos", False)),
+    )
+    inputs = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+    if job.get("warmup"):
+        llm.generate(inputs[:1], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
+    before = spec_counters(llm)
+    t0 = time.perf_counter()
+    outputs = llm.generate(inputs, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    k = num_speculative_tokens(llm)
+    spec = with_width(counter_delta(spec_counters(llm), before), k) if k else None
+    token_ids = [list(out.outputs[0].token_ids) for out in outputs]
+    generated = sum(len(ids) for ids in token_ids)
+    return {
+        "name": job.get("name", ""),
+        "ok": True,
+        "model": job["model"],
+        "speculative_config": job.get("speculative_config"),
+        "prompt_token_ids": prompt_ids,
+        "token_ids": token_ids,
+        "texts": [out.outputs[0].text for out in outputs],
+        "finish_reasons": [out.outputs[0].finish_reason for out in outputs],
+        "engine_seconds": engine_seconds,
+        "wall_seconds": wall,
+        "num_generated_tokens": generated,
+        "tokens_per_second": generated / wall if wall > 0 else None,
+        "spec": spec,
+        "warnings": known_problems(job, k),
+    }
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One job on its own engine, freed afterwards."""
+    llm, engine_seconds = start_engine(job)
     try:
-        prompt_ids = render_prompts(llm, job["prompts"])
-        params = SamplingParams(
-            max_tokens=int(job.get("max_tokens", 64)),
-            temperature=float(job.get("temperature", 0.0)),
-            seed=int(job.get("seed", 0)) if float(job.get("temperature", 0.0)) > 0 else None,
-            ignore_eos=bool(job.get("ignore_eos", False)),
-        )
-        inputs = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
-        if job.get("warmup"):
-            llm.generate(inputs[:1], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
-        before = spec_counters(llm)
-        t0 = time.perf_counter()
-        outputs = llm.generate(inputs, params, use_tqdm=False)
-        wall = time.perf_counter() - t0
-        k = num_speculative_tokens(llm)
-        spec = with_width(counter_delta(spec_counters(llm), before), k) if k else None
-        token_ids = [list(out.outputs[0].token_ids) for out in outputs]
-        generated = sum(len(ids) for ids in token_ids)
-        return {
-            "name": job.get("name", ""),
-            "ok": True,
-            "model": job["model"],
-            "speculative_config": job.get("speculative_config"),
-            "prompt_token_ids": prompt_ids,
-            "token_ids": token_ids,
-            "texts": [out.outputs[0].text for out in outputs],
-            "finish_reasons": [out.outputs[0].finish_reason for out in outputs],
-            "engine_seconds": engine_seconds,
-            "wall_seconds": wall,
-            "num_generated_tokens": generated,
-            "tokens_per_second": generated / wall if wall > 0 else None,
-            "spec": spec,
-            "warnings": known_problems(job, k),
-        }
+        return generate(llm, job, engine_seconds)
     finally:
         release(llm)
+
+
+def failure(job: dict[str, Any], exc: Exception) -> dict[str, Any]:
+    return {
+        "name": job.get("name", ""),
+        "ok": False,
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": traceback.format_exc(),
+    }
+
+
+def engine_key(job: dict[str, Any]) -> str:
+    """What makes two jobs need different engines (the engine seed does not: sampled requests carry their own)."""
+    kwargs = engine_kwargs(job)
+    kwargs.pop("seed")
+    return json.dumps(kwargs, sort_keys=True)
+
+
+def serve(reply_fd: int) -> int:
+    """``--serve FD``: jobs arrive on stdin one JSON line each; each gets one JSON reply line on ``FD``. The engine
+    is kept while consecutive jobs share its configuration, and replaced when one does not. EOF on stdin ends it."""
+    import vllm
+
+    replies = os.fdopen(reply_fd, "w")
+
+    def reply(payload: dict[str, Any]) -> None:
+        replies.write(json.dumps(payload) + "\n")
+        replies.flush()
+
+    reply({"vllm_version": vllm.__version__, "device": "cuda" if on_cuda() else "cpu"})
+    llm, key = None, None
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        try:
+            engine_seconds = 0.0
+            if engine_key(job) != key:
+                if llm is not None:
+                    release(llm)
+                    llm = None
+                llm, engine_seconds = start_engine(job)
+                key = engine_key(job)
+            reply(generate(llm, job, engine_seconds))
+        except Exception as exc:  # noqa: BLE001 - reported to the caller; the engine may be broken: drop it
+            reply(failure(job, exc))
+            if llm is not None:
+                release(llm)
+            llm, key = None, None
+    if llm is not None:
+        release(llm)
+    return 0
 
 
 def release(llm: Any) -> None:
@@ -212,8 +278,10 @@ def write_atomic(path: Path, payload: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--serve":
+        return serve(int(argv[2]))
     if len(argv) != 3:
-        print("usage: vllm_worker.py REQUEST.json RESULT.json", file=sys.stderr)
+        print("usage: vllm_worker.py REQUEST.json RESULT.json | vllm_worker.py --serve FD", file=sys.stderr)
         return 2
     request = json.loads(Path(argv[1]).read_text())
     result_path = Path(argv[2])
@@ -228,14 +296,7 @@ def main(argv: list[str]) -> int:
         try:
             result["jobs"].append(run_job(job))
         except Exception as exc:  # noqa: BLE001 - reported to the caller with the traceback
-            result["jobs"].append(
-                {
-                    "name": job.get("name", ""),
-                    "ok": False,
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(),
-                }
-            )
+            result["jobs"].append(failure(job, exc))
             write_atomic(result_path, result)
             return 1
         write_atomic(result_path, result)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -104,6 +105,81 @@ def run_json_worker(
     if log_path is None:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+class LineWorker:
+    """A long-lived worker: ``python script --serve FD``. Requests go to its stdin, one JSON object per line; each
+    gets exactly one JSON reply line on the private pipe ``FD`` (its stdout/stderr go to the log, where libraries
+    print freely). The first line on the pipe is the worker's greeting. Closing stdin asks the worker to exit.
+
+    Why: a worker that loads something expensive (vLLM: import and engine start, ~20 s on CPU) can serve many
+    requests for the price of one start.
+    """
+
+    def __init__(
+        self,
+        python: Path,
+        script: Path,
+        what: str,
+        timeout: float,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.what = what
+        self.workdir = Path(tempfile.mkdtemp(prefix="speculators-worker-"))
+        self.log = Path(log_path) if log_path else self.workdir / "worker.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        read_fd, write_fd = os.pipe()
+        with open(self.log, "w") as handle:
+            self.process = subprocess.Popen(
+                [str(python), str(script), "--serve", str(write_fd)],
+                stdin=subprocess.PIPE,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=worker_environment(env),
+                cwd=self.workdir,
+                pass_fds=(write_fd,),
+                text=True,
+            )
+        os.close(write_fd)
+        self.replies = os.fdopen(read_fd, "r")
+        self.greeting = self._reply(timeout)
+
+    def call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one request and wait (at most ``timeout`` s) for its reply."""
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the worker is gone: reading its reply reports why
+        return self._reply(timeout)
+
+    def _reply(self, timeout: float) -> dict[str, Any]:
+        ready, _, _ = select.select([self.replies], [], [], timeout)
+        line = self.replies.readline() if ready else None
+        if line:
+            return json.loads(line)
+        if line is None:
+            failure = f"did not answer within {timeout:.0f} s and was killed"
+            self.process.kill()
+        else:
+            failure = f"exited with status {self.process.wait()}"
+        self.close(keep_log=True)
+        kept = _keep_log(self.log, self.workdir)
+        raise WorkerError(f"{self.what} {failure}; log {kept}:\n{_tail(kept)}")
+
+    def close(self, keep_log: bool = False) -> None:
+        """Ask the worker to exit (kill it if it does not within a minute) and clean up."""
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.close()
+                self.process.wait(timeout=60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        self.replies.close()
+        if self.log.parent != self.workdir or not keep_log:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _job_error(result: dict[str, Any] | None) -> str:

@@ -11,6 +11,7 @@ from speculators.serving import (
     ConsumerUnavailable,
     VllmError,
     VllmRequest,
+    VllmSession,
     WorkerError,
     generate_with_vllm,
     load_with_speculators_package,
@@ -40,3 +41,11 @@ def test_worker_crash_reports_its_error(monkeypatch, tmp_path):
     with pytest.raises(VllmError, match="ModuleNotFoundError.*vllm") as caught:
         generate_with_vllm(VllmRequest(model=tmp_path, prompts=["hi"]), timeout=60)
     assert isinstance(caught.value, WorkerError)
+
+
+def test_session_worker_crash_reports_its_error(monkeypatch, tmp_path):
+    # The long-lived worker dies the same way; the session says so instead of waiting for a reply.
+    monkeypatch.setenv("SPECULATORS_VLLM_PYTHON", sys.executable)
+    with VllmSession(timeout=60) as session:
+        with pytest.raises(VllmError, match="(?s)exited with status 1.*ModuleNotFoundError.*vllm"):
+            session.run(VllmRequest(model=tmp_path, prompts=["hi"]))

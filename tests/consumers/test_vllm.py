@@ -52,3 +52,21 @@ def test_shifted_d2t_is_never_accepted(vllm_runs):
     assert spec.num_accepted_tokens == 0, spec
     assert spec.mean_acceptance_length == 1.0
     assert spec.per_position_acceptance_rate == [0.0] * SPECULATIVE_TOKENS
+
+
+@pytest.mark.slow  # two engine starts
+def test_session_keeps_its_engine_and_survives_a_failed_request(vllm_runs, smollm2_dir, tmp_path):
+    from speculators.serving import VllmError, VllmRequest, VllmSession
+
+    from tests.consumers.conftest import CHAT_PROMPTS
+
+    plain = dict(prompts=CHAT_PROMPTS, max_tokens=GREEDY_TOKENS, dtype="float32", max_model_len=512)
+    with VllmSession(timeout=600, log_path=tmp_path / "session.log") as session:
+        first = session.run(VllmRequest(model=smollm2_dir, seed=1, **plain))
+        again = session.run(VllmRequest(model=smollm2_dir, seed=2, **plain))
+        assert first.engine_seconds > 0 and again.engine_seconds == 0  # same configuration: engine reused
+        assert first.token_ids == again.token_ids == vllm_runs["plain"].token_ids
+        with pytest.raises(VllmError, match="failed on request 'broken'"):
+            session.run(VllmRequest(model=tmp_path / "no-model", name="broken", prompts=["hi"]))
+        after = session.run(VllmRequest(model=smollm2_dir, **plain))
+        assert after.engine_seconds > 0 and after.token_ids == first.token_ids  # a fresh engine, same answers
