@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.consumers.conftest import GREEDY_TOKENS, SPECULATIVE_TOKENS, ZERO_TOKENS
+from tests.consumers.conftest import CHAT_PROMPTS, GREEDY_TOKENS, SPECULATIVE_TOKENS, ZERO_TOKENS
 
 pytestmark = pytest.mark.consumer
 
@@ -57,8 +57,6 @@ def test_shifted_d2t_is_never_accepted(vllm_runs):
 @pytest.mark.slow  # two engine starts
 def test_session_keeps_its_engine_and_survives_a_failed_request(vllm_runs, smollm2_dir, tmp_path):
     from speculators.serving import VllmError, VllmRequest, VllmSession
-
-    from tests.consumers.conftest import CHAT_PROMPTS
 
     plain = dict(prompts=CHAT_PROMPTS, max_tokens=GREEDY_TOKENS, dtype="float32", max_model_len=512)
     with VllmSession(timeout=600, log_path=tmp_path / "session.log") as session:
