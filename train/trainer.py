@@ -192,7 +192,7 @@ class Trainer:
         self.draft_config = draft_config(cfg, self.verifier_config, self.aux_layer_ids, self.vocab)
         draft = build_draft(cfg, self.draft_config, self.vocab, self.head)
         fc_init = str(cfg.model.fc_init)  # recipes/model/eagle3.yaml
-        if fc_init == "feature_rms" and not cfg.train.init_from:
+        if fc_init == "feature_rms" and not cfg.train.init_from and not self._will_resume():
             scale_fc_by_feature_rms(draft, self._feature_rms().to(draft.fc.weight.device))
         elif fc_init not in ("default", "feature_rms"):
             raise ValueError(f"model.fc_init={fc_init!r}: use default or feature_rms")
@@ -206,6 +206,13 @@ class Trainer:
         optimizer = make_optimizer(cfg, model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.is_deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
+
+    def _will_resume(self) -> bool:
+        """Whether :meth:`_start` will load a checkpoint (then data-dependent inits are overwritten: skip them)."""
+        resume = str(self.cfg.train.resume)
+        if resume == "never":
+            return False
+        return resume != "auto" or ckpt.latest_checkpoint(self.run_dir) is not None
 
     # ---- batches ----------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -70,5 +70,7 @@ def test_trainer_scales_fc_from_the_training_features(sharp_verifier, tiny_data,
     torch.testing.assert_close(
         scaled, default / rms
     )  # same seed: the default init, column by column over RMS
+    resuming, _ = fc_weight("model.fc_init=feature_rms", f"train.resume={tmp_path / 'step-5'}")
+    torch.testing.assert_close(resuming, default)  # a resumed run loads its fc: the data pass is skipped
     with pytest.raises(ValueError, match="model.fc_init='orthogonal'"):
         fc_weight("model.fc_init=orthogonal")
