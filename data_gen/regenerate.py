@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from data_gen.masks import ChatMasker
 from data_gen.sources import Conversation
 
 BACKENDS = ("transformers", "vllm")
+log = logging.getLogger("data_gen")
 
 
 @dataclass
@@ -229,7 +232,15 @@ class Regenerator:
                 jobs.append((row, position, prompt))
             if not jobs:
                 break
+            started = time.perf_counter()
             texts = self.generate([prompt for _, _, prompt in jobs], seed + turn)
+            log.info(  # a batch can take minutes: say how each turn round went
+                "regenerate: turn round %d of %d conversations: %d answers in %.0f s",
+                turn + 1,
+                len(batch),
+                len(jobs),
+                time.perf_counter() - started,
+            )
             for (row, position, _), text in zip(jobs, texts, strict=True):
                 text = text.strip()
                 if not text:
