@@ -109,6 +109,7 @@ def acceptance_table(result: dict) -> list[str]:
             f"| {drafter} | " + " | ".join(str(_round(row.get(k), 3)) for k in ks) + " |"
             for drafter, row in sampled.items()
         ]
+        lines.append("")
     vllm_sampled = {n: v for n, v in (summary.get("vllm_T0.7_acceptance_length_k3") or {}).items() if v}
     if vllm_sampled:
         lines.append(
