@@ -88,7 +88,8 @@ def pipeline(root: Path, overrides: list[str]) -> list[list[list[Stage]]]:
 
     Two lanes at one thread each finish no later than one after the other at two: on this 2-core machine a second
     torch thread trains 1.4-2x faster (measured 168 -> 238 and 174 -> 370 tokens/s), so the EAGLE-3 lane and the
-    HASS lane (stage 1, stage 2) train at the same time with one thread each. A stage is complete when its marker exists (written only after it succeeds)."""
+    HASS lane (stage 1, stage 2) train at the same time with one thread each. A stage is complete when its marker
+    exists (written only after it succeeds)."""
     common = [f"output_root={root}", *overrides]
     one_core = [f"train.cpu_threads={max(1, (os.cpu_count() or 2) // 2)}"]
     exports = root / "bench_exports"

@@ -192,7 +192,8 @@ class Trainer:
         self.draft_config = draft_config(cfg, self.verifier_config, self.aux_layer_ids, self.vocab)
         draft = build_draft(cfg, self.draft_config, self.vocab, self.head)
         fc_init = str(cfg.model.fc_init)  # recipes/model/eagle3.yaml
-        if fc_init == "feature_rms" and not cfg.train.init_from and not self._will_resume():
+        if fc_init == "feature_rms" and not cfg.train.init_from and self._resume_path() is None:
+            # a resumed run loads its fc from the checkpoint: the data pass would be wasted
             scale_fc_by_feature_rms(draft, self._feature_rms().to(draft.fc.weight.device))
         elif fc_init not in ("default", "feature_rms"):
             raise ValueError(f"model.fc_init={fc_init!r}: use default or feature_rms")
@@ -207,12 +208,12 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.is_deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
 
-    def _will_resume(self) -> bool:
-        """Whether :meth:`_start` will load a checkpoint (then data-dependent inits are overwritten: skip them)."""
+    def _resume_path(self) -> Path | None:
+        """The checkpoint :meth:`_start` loads (``train.resume``), or None for a fresh start."""
         resume = str(self.cfg.train.resume)
         if resume == "never":
-            return False
-        return resume != "auto" or ckpt.latest_checkpoint(self.run_dir) is not None
+            return None
+        return ckpt.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
 
     # ---- batches ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -365,7 +366,7 @@ class Trainer:
                     "set train.resume=auto to continue it"
                 )
             return progress
-        path = ckpt.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
+        path = self._resume_path()
         if path is None:
             return progress
         state = json.loads((path / ckpt.STATE_NAME).read_text())

@@ -1,9 +1,9 @@
 """Standalone vLLM worker: runs inside the vLLM virtualenv, NOT inside the speculators package.
 
-Usage: ``python vllm_worker.py REQUEST.json RESULT.json`` (a batch of jobs), or ``python vllm_worker.py --serve FD``
-(a session: jobs on stdin, one reply line each on file descriptor FD; see ``serve``). It imports only the standard library and vLLM (which
-pins its own torch and transformers, incompatible with the training environment), so it must never import
-``speculators``. The request holds a list of jobs; each job starts one engine, generates, reads vLLM's metrics and
+Usage: ``python vllm_worker.py REQUEST.json RESULT.json`` (a batch of jobs), or ``python vllm_worker.py --serve
+FD`` (a session: jobs on stdin, one reply line each on file descriptor FD; see ``serve``). It imports only the
+standard library and vLLM (which pins its own torch and transformers, incompatible with the training environment),
+so it must never import ``speculators``. The request holds a list of jobs; each job starts one engine, generates, reads vLLM's metrics and
 frees the engine, so one process (one vLLM import, ~5 s) serves several configurations.
 
 Request: ``{"jobs": [{"name", "model", "speculative_config", "prompts", "max_tokens", "temperature", "seed",
@@ -237,13 +237,13 @@ def serve(reply_fd: int) -> int:
             continue
         job = json.loads(line)
         try:
-            engine_seconds = 0.0
-            if engine_key(job) != key:
+            engine_seconds, wanted = 0.0, engine_key(job)
+            if wanted != key:
                 if llm is not None:
                     release(llm)
-                    llm = None
+                llm, key = None, None
                 llm, engine_seconds = start_engine(job)
-                key = engine_key(job)
+                key = wanted
             reply(generate(llm, job, engine_seconds))
         except Exception as exc:  # noqa: BLE001 - reported to the caller; the engine may be broken: drop it
             reply(failure(job, exc))
