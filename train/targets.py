@@ -1,7 +1,7 @@
 """The verifier's distributions, recomputed from the stored pre-norm last states (offline) or taken from the
 verifier in the loop (online) — through the verifier's own final norm and lm_head, nothing else.
 
-Offline training never loads the verifier: only three tensors are read from its safetensors files (final norm,
+Offline training never loads the verifier: only three tensors are read from its weight files (final norm,
 lm_head — or the tied embedding — and the input embedding the draft copies). The targets a step needs are
 
 * ``draft_logits``: verifier logits restricted to the draft vocabulary (the rows of lm_head at the draft's verifier
@@ -12,49 +12,30 @@ lm_head — or the tied embedding — and the input embedding the draft copies).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from speculators.export import sources
+from speculators.export.sources import read_verifier_tensor
 from speculators.verifier import final_norm, resolve_verifier_path
 
 NORM_NAMES = ("model.norm.weight",)
 LM_HEAD_NAMES = ("lm_head.weight",)
-EMBED_NAMES = ("model.embed_tokens.weight",)
-
-
-def _weight_files(directory: Path) -> dict[str, Path]:
-    """Tensor name → safetensors file of an HF model directory (single file or sharded index)."""
-    index = directory / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: directory / file for name, file in weight_map.items()}
-    single = directory / "model.safetensors"
-    if not single.exists():
-        raise FileNotFoundError(
-            f"{directory}: no model.safetensors(.index.json); the offline trainer reads the verifier's final norm, "
-            "lm_head and embedding from its safetensors files (download the verifier, or train online)"
-        )
-    with safe_open(str(single), framework="pt") as handle:
-        return {name: single for name in handle.keys()}
+EMBED_NAMES = sources.VERIFIER_EMBEDDING_NAMES
 
 
 def read_verifier_tensors(name_or_path: str, wanted: dict[str, tuple[str, ...]]) -> dict[str, torch.Tensor]:
-    """Read only the named tensors (first alias found wins) from a verifier's safetensors files."""
-    directory = Path(resolve_verifier_path(name_or_path))
-    files = _weight_files(directory)
+    """Read only the named tensors (first alias found wins) of a verifier checkpoint; absent keys are left out."""
+    directory = resolve_verifier_path(name_or_path)
     found: dict[str, torch.Tensor] = {}
     for key, aliases in wanted.items():
-        name = next((alias for alias in aliases if alias in files), None)
-        if name is None:
+        try:
+            found[key] = read_verifier_tensor(directory, aliases)
+        except KeyError:
             continue
-        with safe_open(str(files[name]), framework="pt") as handle:
-            found[key] = handle.get_tensor(name)
     return found
 
 
@@ -90,7 +71,7 @@ class TargetHead(nn.Module):
         if "norm" not in tensors or lm_head is None:
             raise KeyError(
                 f"{name_or_path}: could not find {NORM_NAMES[0]} and {LM_HEAD_NAMES[0]} (or a tied "
-                f"{EMBED_NAMES[0]}) in its safetensors files; is it a Llama/Qwen-style causal LM?"
+                f"{EMBED_NAMES[0]}) in its weight files; is it a Llama/Qwen-style causal LM?"
             )
         eps = float(verifier_config.get("rms_norm_eps", 1e-6))
         return cls(tensors["norm"].float(), lm_head.float(), eps, target_ids)
@@ -157,10 +138,7 @@ def needed_positions(loss_mask: torch.Tensor) -> torch.Tensor:
 
 def verifier_embedding(name_or_path: str) -> torch.Tensor:
     """The verifier's input embedding [V, H] (the draft keeps a frozen copy)."""
-    tensors = read_verifier_tensors(name_or_path, {"embed": EMBED_NAMES})
-    if "embed" not in tensors:
-        raise KeyError(f"{name_or_path}: no {EMBED_NAMES[0]} in its safetensors files")
-    return tensors["embed"]
+    return sources.verifier_embedding(resolve_verifier_path(name_or_path))
 
 
 __all__ = [

@@ -12,10 +12,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-SAFETENSORS = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-PYTORCH_BIN = "pytorch_model.bin"
-PYTORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+from speculators.format.checkpoint import PYTORCH_BIN_LAYOUT, SAFETENSORS_LAYOUT, weight_files
+
+ANY_LAYOUT = (SAFETENSORS_LAYOUT, PYTORCH_BIN_LAYOUT)  # safetensors preferred over pickled PyTorch files
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
@@ -29,24 +28,10 @@ def read_config(directory: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON ({exc}); fix or regenerate it") from exc
 
 
-def weight_files(directory: str | Path) -> list[Path]:
-    """The files holding a checkpoint's tensors, preferring safetensors over pickled PyTorch files."""
-    directory = Path(directory)
-    for single, index in ((SAFETENSORS, SAFETENSORS_INDEX), (PYTORCH_BIN, PYTORCH_BIN_INDEX)):
-        if (directory / single).is_file():
-            return [directory / single]
-        if (directory / index).is_file():
-            shards = sorted(set(json.loads((directory / index).read_text())["weight_map"].values()))
-            return [directory / shard for shard in shards]
-    raise FileNotFoundError(
-        f"{directory}: no {SAFETENSORS}, {PYTORCH_BIN} or their sharded index; where are the draft's weights?"
-    )
-
-
 def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint directory by its stored name (on CPU, in its stored dtype)."""
     tensors: dict[str, torch.Tensor] = {}
-    for path in weight_files(directory):
+    for path in weight_files(directory, ANY_LAYOUT):
         tensors.update(_read_file(path))
     return tensors
 
@@ -70,7 +55,7 @@ def read_verifier_tensor(verifier_dir: str | Path, names: tuple[str, ...]) -> to
     """One tensor of a verifier checkpoint (the first of ``names`` present), reading only that tensor when the
     weights are safetensors: a draft's ``embed_tokens`` is a copy of the verifier's input embedding."""
     verifier_dir = Path(verifier_dir)
-    files = weight_files(verifier_dir)
+    files = weight_files(verifier_dir, ANY_LAYOUT)
     for path in files:
         if path.suffix != ".safetensors":
             continue

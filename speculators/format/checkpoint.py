@@ -65,18 +65,24 @@ def save_checkpoint(
     return Path(directory)
 
 
-def weight_files(directory: str | Path) -> list[Path]:
-    """The safetensors files of a checkpoint, single-file or sharded (with an index)."""
+SAFETENSORS_LAYOUT = (WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+PYTORCH_BIN_LAYOUT = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def weight_files(
+    directory: str | Path, layouts: tuple[tuple[str, str], ...] = (SAFETENSORS_LAYOUT,)
+) -> list[Path]:
+    """The weight files of a checkpoint directory: the first of ``layouts`` (``(single file, sharded index)``
+    pairs) present. A speculators checkpoint is safetensors only; converters also accept ``PYTORCH_BIN_LAYOUT``."""
     directory = Path(directory)
-    if (directory / WEIGHTS_NAME).exists():
-        return [directory / WEIGHTS_NAME]
-    index = directory / WEIGHTS_INDEX_NAME
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [directory / shard for shard in shards]
-    raise FileNotFoundError(
-        f"{directory}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; a speculators checkpoint needs its weights there"
-    )
+    for single, index in layouts:
+        if (directory / single).is_file():
+            return [directory / single]
+        if (directory / index).is_file():
+            shards = sorted(set(json.loads((directory / index).read_text())["weight_map"].values()))
+            return [directory / shard for shard in shards]
+    looked_for = " or ".join(f"{single} (or {index})" for single, index in layouts)
+    raise FileNotFoundError(f"{directory}: no {looked_for}; where are the checkpoint's weights?")
 
 
 def load_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
