@@ -13,9 +13,10 @@ import select
 import shutil
 import subprocess
 import tempfile
+import time
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_TAIL_LINES = 60
@@ -142,7 +143,8 @@ class LineWorker:
                 text=True,
             )
         os.close(write_fd)
-        self.replies = os.fdopen(read_fd, "r")
+        self._replies_fd = read_fd
+        self._pending = b""  # bytes read past the last complete reply line
         self.greeting = self._reply(timeout)
 
     def call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -155,15 +157,22 @@ class LineWorker:
         return self._reply(timeout)
 
     def _reply(self, timeout: float) -> dict[str, Any]:
-        ready, _, _ = select.select([self.replies], [], [], timeout)
-        line = self.replies.readline() if ready else None
-        if line:
-            return json.loads(line)
-        if line is None:
-            failure = f"did not answer within {timeout:.0f} s and was killed"
-            self.process.kill()
-        else:
-            failure = f"exited with status {self.process.wait()}"
+        """The next reply line. The pipe is read in chunks against one deadline, so a worker that hangs midway
+        through a line times out like one that never starts it."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._replies_fd], [], [], remaining)[0]:
+                self.process.kill()
+                self._fail(f"did not answer within {timeout:.0f} s and was killed")
+            chunk = os.read(self._replies_fd, 1 << 16)
+            if not chunk:
+                self._fail(f"exited with status {self.process.wait()}")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def _fail(self, failure: str) -> NoReturn:
         self.close(keep_log=True)
         kept = _keep_log(self.log, self.workdir)
         raise WorkerError(f"{self.what} {failure}; log {kept}:\n{_tail(kept)}")
@@ -177,7 +186,9 @@ class LineWorker:
             except (BrokenPipeError, subprocess.TimeoutExpired):
                 self.process.kill()
                 self.process.wait()
-        self.replies.close()
+        if self._replies_fd is not None:
+            os.close(self._replies_fd)
+            self._replies_fd = None
         if self.log.parent != self.workdir or not keep_log:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
