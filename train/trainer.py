@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from torch.utils.data import Subset
 
 from speculators.verifier import verifier_config_dict
 from speculators.vocab import build_draft_vocab
@@ -165,6 +166,9 @@ class Trainer:
             self.head_source = "model"
         else:
             raise ValueError(f"train.data_mode={train.data_mode!r}: use offline or online")
+        if train.max_samples is not None and int(train.max_samples) < len(self.train_set):
+            # the first N samples only (data-scaling curves); the draft vocabulary still counts the whole split
+            self.train_set = Subset(self.train_set, range(int(train.max_samples)))
         size = cfg.model.draft_vocab_size
         self.vocab = build_draft_vocab(counts, int(size) if size else vocab_size, provenance)
         self.plan = BatchPlan(

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from data_gen.store import FeatureDataset
+from tests.train.conftest import compose, tiny_overrides
 from train.data import BatchPlan, assign_rows, eval_groups, noise_seed, pack_documents
+from train.trainer import Trainer, reset_distributed
 
 
 def doc(n: int, value: int, hidden: int = 3) -> dict:
@@ -67,3 +70,29 @@ def test_eval_groups_keep_ranks_in_lockstep():
     groups = [eval_groups(5, 2, 2, rank) for rank in range(2)]
     assert [g for g, _ in groups[0]] == [[0, 1], [4]]
     assert groups[1] == [([2, 3], 1.0), ([0, 1], 0.0)]  # a zero-weight filler keeps the ranks in step
+
+
+def test_max_samples_trains_on_the_first_n_samples_only(sharp_verifier, tiny_data, tmp_path):
+    # train.max_samples gives data-scaling curves: the plan covers exactly the first N samples of the split, and
+    # every sample an epoch draws is one of them, unchanged.
+    full = FeatureDataset(tiny_data / "train")
+    assert len(full) > 4
+    overrides = tiny_overrides(sharp_verifier, tiny_data, tmp_path / "run", "train.max_samples=4")
+    try:
+        trainer = Trainer(compose(overrides), tmp_path)
+    except BaseException:
+        reset_distributed()
+        raise
+    try:
+        assert len(trainer.train_set) == 4 and trainer.plan.num_samples == 4
+        drawn = {
+            i
+            for step in range(trainer.plan.steps_per_epoch)
+            for i in trainer.plan.micro_indices(0, step, 0, 0)
+        }
+        assert drawn == {0, 1, 2, 3}
+        for i in drawn:
+            assert torch.equal(trainer.train_set[i]["input_ids"], full[i]["input_ids"])
+    finally:
+        trainer.close()
+        reset_distributed()
