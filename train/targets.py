@@ -19,7 +19,6 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from speculators.export import sources
-from speculators.export.sources import read_verifier_tensor
 from speculators.verifier import final_norm, resolve_verifier_path
 
 NORM_NAMES = ("model.norm.weight",)
@@ -33,7 +32,7 @@ def read_verifier_tensors(name_or_path: str, wanted: dict[str, tuple[str, ...]])
     found: dict[str, torch.Tensor] = {}
     for key, aliases in wanted.items():
         try:
-            found[key] = read_verifier_tensor(directory, aliases)
+            found[key] = sources.read_verifier_tensor(directory, aliases)
         except KeyError:
             continue
     return found
