@@ -62,11 +62,10 @@ class TargetHead(nn.Module):
     ) -> TargetHead:
         """Load just the final norm and lm_head (or the tied embedding) of a verifier."""
         tied = bool(verifier_config.get("tie_word_embeddings", False))
-        tensors = read_verifier_tensors(
-            name_or_path, {"norm": NORM_NAMES, "lm_head": LM_HEAD_NAMES, "embed": EMBED_NAMES}
-        )
-        lm_head = tensors.get("lm_head") if not tied else tensors.get("embed")
-        lm_head = lm_head if lm_head is not None else tensors.get("embed")
+        # tied: the embedding is the head; untied but no lm_head stored: fall back to the embedding
+        head_names = EMBED_NAMES if tied else LM_HEAD_NAMES + EMBED_NAMES
+        tensors = read_verifier_tensors(name_or_path, {"norm": NORM_NAMES, "lm_head": head_names})
+        lm_head = tensors.get("lm_head")
         if "norm" not in tensors or lm_head is None:
             raise KeyError(
                 f"{name_or_path}: could not find {NORM_NAMES[0]} and {LM_HEAD_NAMES[0]} (or a tied "

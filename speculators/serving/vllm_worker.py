@@ -3,8 +3,8 @@
 Usage: ``python vllm_worker.py REQUEST.json RESULT.json`` (a batch of jobs), or ``python vllm_worker.py --serve
 FD`` (a session: jobs on stdin, one reply line each on file descriptor FD; see ``serve``). It imports only the
 standard library and vLLM (which pins its own torch and transformers, incompatible with the training environment),
-so it must never import ``speculators``. The request holds a list of jobs; each job starts one engine, generates, reads vLLM's metrics and
-frees the engine, so one process (one vLLM import, ~5 s) serves several configurations.
+so it must never import ``speculators``. The request holds a list of jobs; each job starts one engine, generates,
+reads vLLM's metrics and frees the engine, so one process (one vLLM import, ~5 s) serves several configurations.
 
 Request: ``{"jobs": [{"name", "model", "speculative_config", "prompts", "max_tokens", "temperature", "seed",
 "dtype", "ignore_eos", "max_model_len", "kv_cache_gib", "gpu_memory_utilization", "warmup"}, ...]}``; a prompt is a
