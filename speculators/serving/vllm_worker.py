@@ -7,7 +7,8 @@ so it must never import ``speculators``. The request holds a list of jobs; each 
 reads vLLM's metrics and frees the engine, so one process (one vLLM import, ~5 s) serves several configurations.
 
 Request: ``{"jobs": [{"name", "model", "speculative_config", "prompts", "max_tokens", "temperature", "seed",
-"dtype", "ignore_eos", "max_model_len", "kv_cache_gib", "gpu_memory_utilization", "warmup"}, ...]}``; a prompt is a
+"dtype", "ignore_eos", "max_model_len", "kv_cache_gib", "gpu_memory_utilization", "warmup", "engine"}, ...]}``
+(``engine``: LLM arguments the caller chose for its device and rank); a prompt is a
 chat-message list (rendered with the tokenizer's chat template), a token-id list, or a plain string.
 Result: ``{"vllm_version", "device", "jobs": [...]}``, rewritten after every job so a crash keeps earlier results.
 """
@@ -37,7 +38,7 @@ SPEC_METRICS = {
 }
 PER_POSITION_METRIC = "vllm:spec_decode_num_accepted_tokens_per_pos"
 CPU_DEFAULT_KV_CACHE_GIB = 1.0
-CUDA_DEFAULT_MEMORY_UTILIZATION = 0.85
+CUDA_DEFAULT_MEMORY_UTILIZATION = 0.9
 
 
 def on_cuda() -> bool:
@@ -47,13 +48,13 @@ def on_cuda() -> bool:
 
 
 def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
-    """LLM(...) arguments. On CPU ``gpu_memory_utilization`` means a fraction of RAM (the default 0.92 fails), so we
-    reserve an explicit KV-cache size instead, which also skips the engine's warm-up pass."""
+    """LLM(...) arguments: the job's own, plus its ``engine`` arguments (dtype, eager or CUDA graphs, memory),
+    which the caller decides for its device and rank (``vllm_bridge.vllm_placement``). A job without them (run by
+    hand) gets the same defaults here: on CPU ``gpu_memory_utilization`` means a fraction of RAM (the default 0.92
+    fails), so an explicit KV-cache size is reserved instead, which also skips the engine's warm-up pass."""
     kwargs: dict[str, Any] = {
         "model": job["model"],
-        "dtype": job.get("dtype", "bfloat16"),
         "seed": int(job.get("seed", 0)),
-        "enforce_eager": True,
         "disable_log_stats": False,
         "max_model_len": int(job.get("max_model_len") or 2048),
     }
@@ -61,17 +62,24 @@ def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
         kwargs["tokenizer"] = job["tokenizer"]
     if job.get("speculative_config"):
         kwargs["speculative_config"] = dict(job["speculative_config"])
+    kwargs.update(job.get("engine") or default_engine(job))
+    return kwargs
+
+
+def default_engine(job: dict[str, Any]) -> dict[str, Any]:
+    """Engine arguments for a job that does not carry them (see ``engine_kwargs``)."""
+    engine: dict[str, Any] = {"dtype": job.get("dtype", "bfloat16"), "enforce_eager": not on_cuda()}
     if on_cuda():
-        kwargs["gpu_memory_utilization"] = float(
+        engine["gpu_memory_utilization"] = float(
             job.get("gpu_memory_utilization") or CUDA_DEFAULT_MEMORY_UTILIZATION
         )
     elif job.get("gpu_memory_utilization"):
-        kwargs["gpu_memory_utilization"] = float(job["gpu_memory_utilization"])
+        engine["gpu_memory_utilization"] = float(job["gpu_memory_utilization"])
     else:
-        kwargs["kv_cache_memory_bytes"] = int(
+        engine["kv_cache_memory_bytes"] = int(
             float(job.get("kv_cache_gib") or CPU_DEFAULT_KV_CACHE_GIB) * 2**30
         )
-    return kwargs
+    return engine
 
 
 def render_prompts(llm: Any, prompts: list[Any]) -> list[list[int]]:
