@@ -20,17 +20,13 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 @hydra.main(config_path="../recipes", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
-    import torch
-    from accelerate import PartialState
-    from accelerate.utils import parse_flag_from_env
+    from data_gen.pipeline import Distributed, GenSettings, format_summary, run_data_gen
+    from data_gen.processes import data_gen_state
 
-    from data_gen.pipeline import Distributed, format_summary, run_data_gen
-
-    # PartialState (unlike Accelerator) ignores ACCELERATE_USE_CPU: without cpu=True, ranks launched on a CPU-only
-    # host each run as a lone process (world size 1) and race on the same shards.
-    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
-    logging.getLogger("data_gen").setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     config = OmegaConf.to_container(cfg, resolve=True)
+    # ranks finish hours apart when regenerating: the barriers wait as long as the recipe says
+    state = data_gen_state(GenSettings.from_mapping(config["data_gen"]).barrier_timeout_hours)
+    logging.getLogger("data_gen").setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     dist = Distributed(
         rank=state.process_index,
         world_size=state.num_processes,
