@@ -63,6 +63,13 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
 def main(cfg: DictConfig) -> float | None:
     cfg = finalize_config(cfg)
     run_dir = Path(str(cfg.run_dir))
+    if cfg.train.dry_run:  # the memory plan only: no data, no DeepSpeed, no weights
+        from omegaconf import OmegaConf
+
+        from train.memory_plan import write_plan
+
+        write_plan(OmegaConf.to_container(cfg, resolve=True), run_dir)
+        return None
     from train.trainer import train  # writes <run_dir>/config.yaml (the resolved recipe) first
 
     result = train(cfg, run_dir)

@@ -1,0 +1,122 @@
+"""The memory plan (``train.dry_run=true``): every recipe plans offline, and the meta-device count of one TTT step
+matches the bytes a real step allocates on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO_ROOT
+from train.memory_plan import LiveBytes, build_meta_draft, meta_head, plan_memory, trace_step
+
+RECIPES = sorted(p.stem for p in (REPO_ROOT / "recipes" / "recipe").glob("*.yaml"))
+KEYS = ("params_trainable", "params_frozen", "static_bytes_per_rank", "peak_bytes_per_rank")
+
+
+def resolved(recipe: str, *overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "recipes"), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"recipe={recipe}", *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_plans_offline(recipe, tiny_llama_dir):
+    overrides = [f"verifier.name_or_path={tiny_llama_dir}"] if recipe.startswith("tiny") else []
+    plan = plan_memory(resolved(recipe, *overrides))
+    assert all(key in plan for key in KEYS)
+    assert plan["params_trainable"] > 0 and plan["params_frozen"] > 0 and plan["activation_peak_bytes"] > 0
+    for table in (plan["static_bytes_per_rank"], plan["peak_bytes_per_rank"]):
+        assert set(table) == {"zero0", "zero1", "zero2", "zero3"}
+        assert all(set(row) == {"1", "8"} for row in table.values())
+    static = plan["static_bytes_per_rank"]
+    assert static["zero3"]["8"] < static["zero2"]["8"] < static["zero1"]["8"] < static["zero1"]["1"]
+    assert static["zero2"]["1"] == plan["params_trainable"] * 16  # bf16 2 + 2, fp32 master 4, AdamW 8
+    if "8b" in recipe:
+        assert plan["verifier_config"].startswith(str(REPO_ROOT / "recipes" / "verifiers"))
+
+
+def test_llama8b_plan_has_the_published_shapes():
+    plan = plan_memory(resolved("eagle3_llama8b"))
+    h, v, vd = 4096, 128256, 32000
+    layer = 2 * h * 32 * 128 + 2 * 2 * h * 8 * 128 + 32 * 128 * h + 3 * h * 14336  # q k v from 2H, o, MLP
+    norms = 4 * h  # input_layernorm, hidden_norm, post_attention_layernorm, final norm
+    assert plan["params_trainable"] == 3 * h * h + layer + vd * h + norms
+    assert plan["params_frozen_parts"]["draft_embedding"] == v * h
+
+
+def test_online_mode_counts_the_verifier_as_frozen():
+    offline = plan_memory(resolved("eagle3_qwen3_8b"))
+    online = plan_memory(resolved("eagle3_qwen3_8b", "train.data_mode=online"))
+    assert 8.0e9 < online["params_frozen_parts"]["verifier"] < 8.4e9  # Qwen3-8B: 8.19B
+    assert online["params_frozen"] == offline["params_frozen"] + online["params_frozen_parts"]["verifier"]
+
+
+def test_meta_count_matches_a_real_step_on_cpu(tiny_llama_dir):
+    """The same step on real CPU tensors (full rows, every token a loss token, draft vocab = full vocab so every
+    target is trained): the planner's worst-case count must be within 10% of the real peak (it differs only by the
+    last 2 + j positions of each row, which no TTT step can train on)."""
+    from speculators.verifier import verifier_config_dict
+
+    config = resolved("tiny_eagle3", f"verifier.name_or_path={tiny_llama_dir}", "model.draft_vocab_size=null")
+    verifier_config = verifier_config_dict(str(tiny_llama_dir))
+    model, draft_config = build_meta_draft(config, verifier_config, torch.float32)
+    head = meta_head(verifier_config, draft_config.draft_vocab_size, torch.float32)
+    rows, length = int(config["train"]["micro_batch_size"]), int(config["train"]["max_length"])
+    hidden = int(verifier_config["hidden_size"])
+    aux = len(draft_config.eagle_aux_hidden_state_layer_ids) * hidden
+    weights = [0.8**j for j in range(int(config["train"]["ttt_steps"]))]
+    from train.memory_plan import meta_batch
+
+    planned = trace_step(model, head, meta_batch(rows, length, aux, hidden, torch.float32), weights, 0)
+
+    real_model = model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    for param in real_model.parameters():
+        param.data.normal_(0, 0.02)
+    real_head = head.to_empty(device="cpu")
+    real_head.weight.normal_()
+    real_head.draft_weight.copy_(real_head.weight)
+    real_head.target_ids.copy_(torch.arange(len(real_head.target_ids)))
+    real_head.draft_index.copy_(torch.arange(len(real_head.draft_index)))
+    real_head.norm.weight.data.fill_(1.0)
+    real_model.draft.d2t.zero_()
+    real_model.draft.t2d.fill_(True)
+    for name, buffer in real_model.draft.rotary_emb.named_buffers():  # rope: a fresh module's values
+        buffer.copy_(getattr(type(real_model.draft.rotary_emb)(real_model.draft.rotary_emb.config), name))
+    batch = {
+        "input_ids": torch.randint(0, 500, (rows, length)),
+        "position_ids": torch.arange(length).repeat(rows, 1),
+        "document_ids": torch.zeros(rows, length, dtype=torch.long),
+        "loss_mask": torch.ones(rows, length, dtype=torch.bool),
+        "aux_hidden": torch.randn(rows, length, aux),
+        "last_hidden": torch.randn(rows, length, hidden),
+    }
+    real = trace_step(real_model, real_head, batch, weights, 0)
+    assert abs(planned - real) / real < 0.10, (planned, real)
+    with LiveBytes() as tracker:  # the tracker itself sees real allocations and frees
+        kept = torch.empty(1000, dtype=torch.float32)
+        del kept
+        torch.empty(10, dtype=torch.float32)
+    assert tracker.peak == 4000 and tracker.live == 0
+
+
+def test_dry_run_command_writes_the_plan_in_under_a_minute(tmp_path):
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "train/run.py", "recipe=eagle3_llama8b", "train.dry_run=true", f"run_dir={tmp_path}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert time.perf_counter() - started < 60
+    plan = json.loads((tmp_path / "memory_plan.json").read_text())
+    assert plan["recipe"] == "eagle3_llama8b" and "memory plan eagle3_llama8b" in result.stdout
+    assert not (tmp_path / "checkpoints").exists()  # nothing of training ran
