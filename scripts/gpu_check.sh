@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The GPU check: one H200/H100 (or any CUDA GPU), no network, at most ~8 minutes; writes gpu_check.json.
+#   scripts/gpu_check.sh [--out FILE] [--steps N]     on the GPU host
+#   scripts/gpu_check.sh --cpu-smoke                  the same code with tiny shapes on CPU, in seconds
+# Needs torch, transformers, accelerate, safetensors, numpy; nothing else (no hydra/omegaconf/deepspeed/vLLM).
+# Wheels step: any *.whl placed in scripts/wheels/ (pure-Python packages a host lacks) is installed first,
+# offline (pip --no-index --no-deps); the check itself imports nothing beyond the list above.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="${PYTHON:-python3}"
+if compgen -G "$here/wheels/*.whl" > /dev/null; then
+    "$python" -m pip install --quiet --no-index --no-deps "$here"/wheels/*.whl
+fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+exec "$python" "$here/gpu_check.py" "$@"
