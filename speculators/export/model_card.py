@@ -205,7 +205,7 @@ def eval_results_tables(results: dict[str, Any], origin: str) -> list[tuple[str,
 def vllm_table(vllm: dict[str, Any]) -> str:
     rows = [
         {
-            "run": name,
+            "run": "plain (no draft)" if name == "plain" else name,
             "acceptance length": run.get("acceptance_length"),
             "per-position acceptance (of all drafts)": _rates(
                 run.get("per_position_acceptance_unconditional")
