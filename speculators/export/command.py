@@ -51,6 +51,11 @@ def _add_export(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("out_dir")
     _common_output(parser)
+    parser.add_argument(
+        "--eval-results",
+        help="results.json of `speculators eval` to show in the model card (e.g. evaluate an export, then export "
+        "again with its results); one inside the run directory is found without this",
+    )
     parser.set_defaults(func=run_export)
 
 
@@ -132,6 +137,7 @@ def run_export(args: argparse.Namespace) -> int:
             verifier=args.verifier,
             verifier_name=args.verifier_name,
             model_card=not args.no_model_card,
+            eval_results=args.eval_results,
         )
     )
     if result is not None:

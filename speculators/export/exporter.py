@@ -16,6 +16,7 @@ import torch
 
 from speculators.export.model_card import (
     CardInfo,
+    add_eval_results,
     find_eval_artifacts,
     render_model_card,
     training_summary,
@@ -63,12 +64,15 @@ def export_checkpoint(
     verifier: str | None = None,
     verifier_name: str | None = None,
     model_card: bool = True,
+    eval_results: str | Path | None = None,
 ) -> ExportResult:
     """Export the checkpoint ``source`` means (run dir → best, else latest) to ``out_dir``.
 
     ``verifier`` overrides the recipe's verifier (used for the cross-checks and ``embed_tokens``);
     ``verifier_name`` is written as ``verifier.name_or_path`` instead of the resolved local path (e.g. a hub id
     for publishing). ``speculative_tokens`` overrides the recipe's ``export.speculative_tokens``.
+    ``eval_results``: a ``results.json`` of ``speculators eval`` (e.g. of a previous export of this draft) whose
+    measurements the model card shows; one inside the run directory is found without it.
     """
     if dtype not in EXPORT_DTYPES:
         raise ValueError(
@@ -107,6 +111,8 @@ def export_checkpoint(
     if model_card:
         evals = find_eval_artifacts(checkpoint.run_dir)
         validation_artifacts(checkpoint.run_dir, checkpoint.step, evals)
+        if eval_results is not None:
+            add_eval_results(evals, eval_results)
         card = CardInfo(
             title=Path(out_dir).name,
             config=config_dict,

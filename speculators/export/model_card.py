@@ -31,6 +31,7 @@ class EvalArtifacts:
     plots: dict[str, Path | bytes] = field(
         default_factory=dict
     )  # file name in the export -> source file or PNG
+    results_files: set[Path] = field(default_factory=set)  # `speculators eval` outputs shown (resolved paths)
 
 
 @dataclass
@@ -109,14 +110,132 @@ def find_eval_artifacts(run_dir: Path | None) -> EvalArtifacts:
             continue
         if path.suffix == ".json":
             try:
-                table = json_table(json.loads(path.read_text()))
+                data = json.loads(path.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
-            if table:
+            if is_eval_results(data):
+                found.tables += eval_results_tables(data, str(rel))
+                found.results_files.add(path.resolve())
+            elif table := json_table(data):
                 found.tables.append((f"From `{rel}`:", table))
         elif path.suffix == ".png":
             found.plots["_".join(rel.parts)] = path
     return found
+
+
+def add_eval_results(evals: EvalArtifacts, path: str | Path) -> None:
+    """Add a ``results.json`` written by ``speculators eval`` (and the ``acceptance.png`` beside it) to ``evals``,
+    so that a card made after the evaluation carries what it measured. The same file found in the run directory
+    is not shown twice."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--eval-results {path}: no such file; run `speculators eval ... --output DIR` first"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--eval-results {path}: not JSON ({exc})") from exc
+    if not is_eval_results(data):
+        raise ValueError(
+            f"--eval-results {path}: not the results.json of `speculators eval` (no runs with "
+            "acceptance_length_global)"
+        )
+    if path.resolve() in evals.results_files:
+        return
+    evals.tables += eval_results_tables(data, str(path))
+    evals.results_files.add(path.resolve())
+    plot = path.with_name("acceptance.png")
+    shown = {p.resolve() for p in evals.plots.values() if isinstance(p, Path)}
+    if plot.is_file() and plot.resolve() not in shown:
+        name = (
+            "eval_acceptance.png"
+            if "eval_acceptance.png" not in evals.plots
+            else "eval_results_acceptance.png"
+        )
+        evals.plots[name] = plot
+
+
+def is_eval_results(data: Any) -> bool:
+    """Whether ``data`` has the layout ``speculators eval`` writes (``runs`` of measured decoding runs)."""
+    runs = data.get("runs") if isinstance(data, dict) else None
+    return bool(runs) and all(isinstance(r, dict) and "acceptance_length_global" in r for r in runs)
+
+
+def eval_results_tables(results: dict[str, Any], origin: str) -> list[tuple[str, str]]:
+    """What ``speculators eval`` measured, as tables: acceptance lengths, per-position acceptance and speed-ups of
+    our engine (with the plain-decoding baseline), then vLLM's own counters when it ran."""
+    prompts = results.get("prompts") or {}
+    settings = results.get("settings") or {}
+    temperature = settings.get("temperature", 0)
+    title = (
+        f"Measured by `speculators eval` (`{origin}`): {prompts.get('count', '?')} prompts from "
+        f"`{prompts.get('source', '?')}`, up to {settings.get('max_new_tokens', '?')} new tokens, "
+        f"{'greedy' if not temperature else f'temperature {temperature}'}, {settings.get('dtype', '?')} on "
+        f"{settings.get('device', '?')}, draft `{results.get('draft', '?')}`, "
+        f"verifier `{results.get('verifier', '?')}`. Acceptance length = tokens per verify step (vLLM's mean "
+        "acceptance length); per-position acceptance j = P(draft j accepted | drafts before it accepted); "
+        "speedup = tokens/s against plain decoding of the same prompts:"
+    )
+    rows = []
+    if isinstance(results.get("plain"), dict):
+        rows.append({"run": "plain (no draft)", "tokens/s": results["plain"].get("tokens_per_s")})
+    for run in results["runs"]:
+        rows.append(
+            {
+                "run": run["name"],
+                "k": run.get("k"),
+                "acceptance length": run.get("acceptance_length_global"),
+                "per-sample mean": run.get("acceptance_length_per_sample_mean"),
+                "per-position acceptance": _rates(run.get("per_position_acceptance_conditional")),
+                "tokens/s": run.get("tokens_per_s"),
+                "speedup": run.get("speedup"),
+                "identical to plain": _percent(run.get("matches_plain")),
+            }
+        )
+    tables = [(title, markdown_table(_drop_empty_columns(rows)))]
+    vllm = results.get("vllm")
+    if isinstance(vllm, dict) and isinstance(vllm.get("skipped"), str):
+        tables.append((f"vLLM was not run: {vllm['skipped']}.", ""))
+    elif isinstance(vllm, dict) and vllm:
+        tables.append(("The same prompts through vLLM (its own acceptance counters):", vllm_table(vllm)))
+    return tables
+
+
+def vllm_table(vllm: dict[str, Any]) -> str:
+    rows = [
+        {
+            "run": "plain (no draft)" if name == "plain" else name,
+            "acceptance length": run.get("acceptance_length"),
+            "per-position acceptance (of all drafts)": _rates(
+                run.get("per_position_acceptance_unconditional")
+            ),
+            "tokens/s": run.get("tokens_per_s"),
+            "speedup vs vLLM without the draft": run.get("speedup_vs_vllm_plain"),
+            "our acceptance length": run.get("ours_acceptance_length"),
+            "outputs identical to ours": _percent(run.get("outputs_identical_to_ours")),
+        }
+        for name, run in vllm.items()
+        if isinstance(run, dict)
+    ]
+    return markdown_table(_drop_empty_columns(rows))
+
+
+def _rates(values: Any) -> str | None:
+    if not isinstance(values, list) or not values:
+        return None
+    return ", ".join("-" if v is None else f"{v:.2f}" for v in values)
+
+
+def _percent(value: Any) -> str | None:
+    return f"{value:.0%}" if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _drop_empty_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows without the columns no row has a value for (no vLLM comparison, no plain baseline...)."""
+    columns = max((list(row) for row in rows), key=len, default=[])  # the order of the fullest row
+    filled = [c for c in columns if any(row.get(c) is not None for row in rows)]
+    return [{c: ("" if row.get(c) is None else row[c]) for c in filled} for row in rows]
 
 
 def validation_artifacts(run_dir: Path | None, step: int | None, evals: EvalArtifacts) -> None:
@@ -303,7 +422,7 @@ def training_section(info: CardInfo) -> str:
 def evaluation_section(evals: EvalArtifacts) -> str:
     text = ["## Evaluation"]
     for title, table in evals.tables:
-        text += ["", title, "", table]
+        text += ["", title] + (["", table] if table else [])
     for name in evals.plots:
         text += ["", f"![{name}]({name})"]
     return "\n".join(text)

@@ -85,6 +85,44 @@ def test_model_card_describes_run_evaluation_and_serving(run_dir, verifier_dir, 
     assert "```yaml" in card and "recipe_name: eagle3_test" in card
 
 
+def test_card_shows_what_speculators_eval_measured(tmp_path, verifier_dir, drafts):
+    """The card of a re-export (export, `speculators eval` it, export again with --eval-results, as `make demo`
+    does) carries the real eval output: acceptance lengths, per-position rates and speed-ups of every run."""
+    from speculators.eval.evaluation import EvalSettings, evaluate
+
+    run = make_run(tmp_path / "run", str(verifier_dir), {10: drafts[10]}, best_step=10)
+    out = tmp_path / "export"
+    export_checkpoint(run, out)
+    chats = [[{"role": "user", "content": f"Tell me about number {i}."}] for i in range(3)]
+    settings = EvalSettings(ks=[1, 3], max_new_tokens=6, batch_size=3)
+    results = evaluate(out, prompts=chats, settings=settings, output_dir=tmp_path / "eval")
+    assert json.loads((tmp_path / "eval" / "results.json").read_text())["runs"] == results["runs"]
+
+    argv = ["export", str(run), str(out), "--eval-results", str(tmp_path / "eval" / "results.json")]
+    assert cli_main(argv) == 0
+    card = (out / "README.md").read_text()
+    assert (
+        "Measured by `speculators eval`" in card and "3 prompts from `in-memory`, up to 6 new tokens" in card
+    )
+    assert f"| plain (no draft) |  |  |  |  | {results['plain']['tokens_per_s']:.4g} |" in card
+    for run_result in results["runs"]:
+        rates = ", ".join(
+            "-" if r is None else f"{r:.2f}" for r in run_result["per_position_acceptance_conditional"]
+        )
+        row = (
+            f"| {run_result['name']} | {run_result['k']} | {run_result['acceptance_length_global']:.4g} "
+            f"| {run_result['acceptance_length_per_sample_mean']:.4g} | {rates} "
+            f"| {run_result['tokens_per_s']:.4g} | {run_result['speedup']:.4g} | 100% |"
+        )
+        assert row in card, row
+    assert "![eval_acceptance.png](eval_acceptance.png)" in card and (out / "eval_acceptance.png").is_file()
+
+    # the same results.json inside the run directory is found without the flag, and shown once with it
+    evaluate(out, prompts=chats, settings=settings, output_dir=run / "eval")
+    assert cli_main([*argv[:3], "--eval-results", str(run / "eval" / "results.json")]) == 0
+    assert (out / "README.md").read_text().count("Measured by `speculators eval`") == 1
+
+
 @pytest.mark.parametrize("style", ["run-relative", "checkpoints-relative", "absolute", "step-only"])
 def test_best_json_path_styles(tmp_path, verifier_dir, drafts, style):
     paths = {
