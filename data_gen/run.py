@@ -43,7 +43,7 @@ def main(cfg: DictConfig) -> None:
             print(format_summary(summary), flush=True)
     finally:
         gc.collect()
-        state.destroy_process_group()  # gloo hangs at exit otherwise (ENVIRONMENT.md)
+        state.destroy_process_group()  # gloo hangs at exit otherwise (docs/environment.md)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Verifiers: loading any local HF causal LM, the embedded default (SmolLM2-135M-Instruct), tiny random ones for
 tests, and capturing the auxiliary hidden states EAGLE-3 reads, in vLLM's layer-id convention.
 
-The ±1 trap (FORMAT.md): aux id k is the residual stream ENTERING decoder layer k (= output of layer k-1); id 0 is
+The ±1 trap (docs/algorithms.md): aux id k is the residual stream ENTERING decoder layer k (= output of layer k-1); id 0 is
 the embeddings and id L is the output of the last layer BEFORE the final norm. HF's ``output_hidden_states`` gives
 the last entry after the final norm, so we capture with hooks on the layers and on the final norm instead.
 """

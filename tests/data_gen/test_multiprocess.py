@@ -33,7 +33,7 @@ def launch(processes: int, verifier: Path, source: Path, out: Path, tmp: Path) -
         f"data_gen.output_dir={out}",
         "data_gen.shard_size=3",
         "data_gen.batch_size=2",
-        f"hydra.run.dir={tmp / 'hydra'}",  # one dir for all ranks (ENVIRONMENT.md)
+        f"hydra.run.dir={tmp / 'hydra'}",  # one dir for all ranks (docs/environment.md)
     ]
     if processes == 1:
         command = [sys.executable, "data_gen/run.py", *overrides]

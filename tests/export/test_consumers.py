@@ -1,7 +1,7 @@
 """Proof that exports and conversions serve as they are: vLLM on CPU (auto mode from the draft directory, and the
 verifier with an explicit speculative_config) reads them and reports the acceptance the weights imply.
 
-Deterministic acceptance (FORMAT.md): the verifier's final norm is zeroed, so its logits are all zero and greedy
+Deterministic acceptance (docs/format.md): the verifier's final norm is zeroed, so its logits are all zero and greedy
 decoding always emits token 0; each draft's norm is zeroed, so it always proposes its draft id 0. When d2t sends
 draft id 0 to token 0 every proposal is accepted (mean acceptance length k + 1); when the vocabulary leaves token
 0 out, none is (1.0). Anything misread (names, d2t offsets, the config) breaks one of these numbers.
