@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from speculators.format.config import Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.runs import resolve_draft_dir
 from speculators.verifier import resolve_dtype, resolve_verifier_path
 from speculators.vocab import DraftVocab
 from train.targets import TargetHead, verifier_embedding
@@ -162,8 +163,6 @@ def build_draft(
 
 def init_from_checkpoint(draft: Eagle3DraftModel, source: Path) -> None:
     """Start from another run's weights (HASS stage 2): a run dir (its best checkpoint) or a draft dir."""
-    from train.checkpointing import resolve_draft_dir
-
     directory = resolve_draft_dir(source)
     loaded = Eagle3DraftModel.from_pretrained(directory)
     mine, theirs = draft.config, loaded.config

@@ -18,7 +18,6 @@ where they are collective, written by the main process only.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import math
 import time
@@ -31,6 +30,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import Subset
 
+from speculators import runs
 from speculators.verifier import verifier_config_dict
 from speculators.vocab import build_draft_vocab
 from train import checkpointing as ckpt
@@ -217,7 +217,7 @@ class Trainer:
         resume = str(self.cfg.train.resume)
         if resume == "never":
             return None
-        return ckpt.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
+        return runs.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
 
     # ---- batches ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -364,7 +364,7 @@ class Trainer:
         )  # any stray randomness: per rank, restored on resume
         progress = Progress(world_size=self.world, global_batch=self.plan.global_batch)
         if resume == "never":
-            if ckpt.list_checkpoints(self.run_dir):
+            if runs.list_checkpoints(self.run_dir):
                 raise FileExistsError(
                     f"{self.run_dir} already has checkpoints and train.resume=never; choose another run_dir or "
                     "set train.resume=auto to continue it"
@@ -373,7 +373,7 @@ class Trainer:
         path = self._resume_path()
         if path is None:
             return progress
-        state = json.loads((path / ckpt.STATE_NAME).read_text())
+        state = runs.require_resumable(path)
         if self.is_deepspeed and int(state["world_size"]) != self.world:
             raise ValueError(
                 f"{path} holds DeepSpeed ZeRO partitions of {state['world_size']} processes; resume it with "
@@ -475,7 +475,7 @@ class Trainer:
         )
         if self.is_main:
             if improved:
-                ckpt.write_best(
+                runs.write_best(
                     self.run_dir, progress.step, progress.best["acceptance_length"], progress.metrics
                 )
             ckpt.prune(self.run_dir, int(self.cfg.train.keep_checkpoints))

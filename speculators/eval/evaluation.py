@@ -76,15 +76,10 @@ class EvalSettings:
 def load_draft(source: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Eagle3DraftModel, Path]:
     """A draft from an exported directory, a trainer ``step-<N>`` checkpoint (its ``draft/``), or a run directory
     (its best checkpoint by acceptance, else the latest)."""
-    from speculators.export.run_dir import locate_checkpoint
+    from speculators.runs import resolve_draft_dir
 
-    checkpoint = locate_checkpoint(source)
-    if checkpoint.draft_dir is None:
-        raise FileNotFoundError(
-            f"{checkpoint.label} has no draft/ directory (only optimizer state); export it first with "
-            "`speculators export`, or point at a checkpoint that has draft/"
-        )
-    return Eagle3DraftModel.from_pretrained(checkpoint.draft_dir, dtype=dtype), checkpoint.draft_dir
+    draft_dir = resolve_draft_dir(source)
+    return Eagle3DraftModel.from_pretrained(draft_dir, dtype=dtype), draft_dir
 
 
 def _run_batches(
