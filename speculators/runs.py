@@ -38,6 +38,7 @@ DRAFT_DIR = "draft"
 STATE_DIR = "state"
 RECIPE_NAME = "config.yaml"
 METRICS_NAME = "metrics.jsonl"
+DRAFT_VOCAB_NAME = "draft_vocab.safetensors"
 STEP_PATTERN = re.compile(r"^step-(\d+)$")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 

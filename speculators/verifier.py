@@ -121,46 +121,6 @@ def verifier_config_dict(name_or_path: str) -> dict[str, Any]:
     return AutoConfig.from_pretrained(resolve_verifier_path(name_or_path)).to_dict()
 
 
-# ---- tiny random verifiers for tests -----------------------------------------------------------------------
-def tiny_verifier_config(arch: str = "llama", **overrides: Any) -> Any:
-    """A small Llama or Qwen3 config (random weights are fine for format and pipeline tests)."""
-    from transformers import LlamaConfig, Qwen3Config
-
-    settings: dict[str, Any] = dict(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=8,
-        num_attention_heads=2,  # head_dim 32: the smallest head size vLLM's CPU attention serves
-        num_key_value_heads=1,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    )
-    settings.update(overrides)
-    if arch == "qwen3":
-        settings.setdefault("head_dim", settings["hidden_size"] // settings["num_attention_heads"])
-        return Qwen3Config(**settings, architectures=["Qwen3ForCausalLM"])
-    if arch == "llama":
-        return LlamaConfig(**settings, architectures=["LlamaForCausalLM"])
-    raise ValueError(f"unknown tiny verifier architecture {arch!r}: use llama or qwen3")
-
-
-def build_tiny_verifier(
-    directory: str | Path, arch: str = "llama", seed: int = 0, tokenizer: Any = None, **overrides: Any
-) -> Path:
-    """Save a random tiny verifier (and optionally a tokenizer) as an HF directory; returns the directory."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_verifier_config(arch, **overrides))
-    with atomic_directory(directory) as staging:
-        model.save_pretrained(staging)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
-    return Path(directory)
-
-
 # ---- aux hidden-state capture ------------------------------------------------------------------------------
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layers of an HF causal LM (``model.model.layers`` for Llama/Qwen/Mistral-style models)."""
@@ -231,11 +191,6 @@ def capture_aux_states(model: nn.Module, layer_ids: Sequence[int]) -> Iterator[d
     finally:
         for handle in handles:
             handle.remove()
-
-
-def verifier_logits_from_prenorm(model: nn.Module, last_prenorm: torch.Tensor) -> torch.Tensor:
-    """The verifier's logits recomputed from its pre-norm last state (what offline training stores)."""
-    return model.lm_head(final_norm(model)(last_prenorm))
 
 
 def read_config_json(directory: str | Path) -> dict[str, Any]:

@@ -5,6 +5,6 @@ memory TTT attention), ``targets`` (verifier distributions from stored pre-norm 
 HASS top-K, accuracy and simulated acceptance), ``data`` (global-batch plan, packing with document ids,
 offline/online features), ``unroll`` (the k-step TTT forward), ``assemble`` (draft, optimizer, schedule, accelerator
 and DeepSpeed), ``checkpointing`` (writing step checkpoints and exact resume; the run-dir layout is
-:mod:`speculators.runs`), ``evaluation``, ``trainer`` (the loop),
-``sweep`` (a Hydra launcher that runs each sweep job under its own ``accelerate launch``) and ``run``.
+:mod:`speculators.runs`), ``step_stats`` (the sums the loops all-reduce), ``evaluation``, ``trainer`` (the loop)
+and ``run``; ``hydra_plugins/`` holds the Hydra launcher that runs each sweep job under its own ``accelerate launch``.
 """

@@ -355,7 +355,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.write_run_config(self.run_dir, self.cfg, hydra_overrides())
             ckpt.remove_partials(self.run_dir)
-            self.vocab.save(self.run_dir / "draft_vocab.safetensors")
+            self.vocab.save(self.run_dir / runs.DRAFT_VOCAB_NAME)
         acc.wait_for_everyone()
         torch.manual_seed(
             int(self.cfg.seed) * 1000 + self.rank

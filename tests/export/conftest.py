@@ -14,8 +14,9 @@ from safetensors.torch import save_file
 
 from speculators.format import Eagle3Config
 from speculators.models import Eagle3DraftModel
-from speculators.verifier import build_tiny_verifier, read_config_json
+from speculators.verifier import read_config_json
 from speculators.vocab import build_draft_vocab
+from tests.support.verifiers import build_tiny_verifier
 
 DRAFT_VOCAB = 512
 

@@ -18,7 +18,6 @@ from safetensors.torch import load_file, save_file
 from speculators.cli import main as cli_main
 from speculators.export import convert_checkpoint, export_checkpoint
 from speculators.format import load_checkpoint
-from speculators.verifier import build_tiny_verifier
 from tests.export.conftest import (
     SERVABLE_SHAPE,
     build_draft,
@@ -26,6 +25,7 @@ from tests.export.conftest import (
     write_eagle3_original,
     write_specforge,
 )
+from tests.support.verifiers import build_tiny_verifier
 
 pytestmark = [
     pytest.mark.consumer,

@@ -26,7 +26,7 @@ def build_sharp_verifier(directory: Path, seed: int = 0) -> Path:
     """A random 6-layer Llama (hidden 64, vocab 512) whose lm_head is scaled so its distributions are peaked."""
     from transformers import AutoModelForCausalLM
 
-    from speculators.verifier import tiny_verifier_config
+    from tests.support.verifiers import tiny_verifier_config
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_verifier_config("llama", vocab_size=VOCAB))
