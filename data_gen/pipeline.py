@@ -37,14 +37,13 @@ from data_gen.store import (
     SPLITS,
     STORAGE_DTYPES,
     Sample,
-    atomic_write_json,
-    atomic_write_text,
     check_or_write_identity,
     done_record,
     finalize_split,
     remove_stale_temporaries,
     write_shard,
 )
+from speculators.atomic import atomic_write_json, atomic_write_text
 from speculators.verifier import load_verifier, resolve_verifier_path
 from speculators.vocab import tokenizer_fingerprint
 

@@ -27,9 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 from speculators import runs
 from speculators.format.config import Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
-from speculators.verifier import resolve_dtype, resolve_verifier_path
+from speculators.verifier import resolve_dtype, resolve_verifier_path, verifier_embedding
 from speculators.vocab import DraftVocab
-from train.targets import TargetHead, verifier_embedding
+from train.targets import TargetHead
 
 
 # ---- precision and processes --------------------------------------------------------------------------------
@@ -46,7 +46,8 @@ def compute_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for MASTER_PORT / ``--main_process_port``): the one port finder."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -62,7 +63,7 @@ def ensure_launcher_env() -> None:
         LOCAL_RANK="0",
         LOCAL_WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
     )
 
 

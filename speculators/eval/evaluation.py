@@ -9,10 +9,7 @@ prompts go through vLLM with the same draft and k, and vLLM's own acceptance cou
 
 from __future__ import annotations
 
-import json
-import os
 import platform
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +17,7 @@ from typing import Any
 
 import torch
 
+from speculators.atomic import atomic_write_json
 from speculators.decoding import DecodingConfig, DecodingStats, SpeculativeDecoder, eos_ids, plain_generate
 from speculators.eval.prompts import Messages, load_prompts, select_prompts
 from speculators.models.eagle3 import Eagle3DraftModel
@@ -293,12 +291,7 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
     """``results.json`` (atomically: a temp file renamed into place) and the acceptance plot."""
     from speculators.eval.plot import plot_acceptance
 
-    output_dir.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{RESULTS_NAME}.", dir=output_dir)
-    with os.fdopen(handle, "w") as stream:
-        json.dump(results, stream, indent=2)
-        stream.write("\n")
-    os.replace(temp, output_dir / RESULTS_NAME)
+    atomic_write_json(output_dir / RESULTS_NAME, results, indent=2)
     plot_acceptance(results, output_dir / PLOT_NAME)
 
 

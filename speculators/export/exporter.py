@@ -7,7 +7,6 @@ result is validated against the verifier's config before it is renamed into plac
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ def load_verifier_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
     """``(resolved name_or_path, HF config dict)``; local directories are read as they are stored."""
     path = resolve_verifier_path(name_or_path)
     if Path(path, "config.json").is_file():
-        return str(Path(path).resolve()), json.loads(Path(path, "config.json").read_text())
+        return str(Path(path).resolve()), read_config(path)
     from speculators.verifier import verifier_config_dict
 
     try:

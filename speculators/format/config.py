@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from speculators import __version__
+from speculators.format.checkpoint import read_config
 
 # Keys of the verifier's HF config that the draft layer must copy so that positions are encoded identically.
 LAYER_KEYS_FROM_VERIFIER = (
@@ -226,7 +227,7 @@ class Eagle3Config:
 
     @classmethod
     def load(cls, directory: str | Path) -> Eagle3Config:
-        return cls.from_dict(json.loads((Path(directory) / "config.json").read_text()))
+        return cls.from_dict(read_config(directory))
 
 
 def default_aux_layer_ids(num_verifier_layers: int) -> list[int]:

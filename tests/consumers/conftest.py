@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from speculators.format import Eagle3Config
+from speculators.format.checkpoint import read_config
 from speculators.models import Eagle3DraftModel
-from speculators.verifier import read_config_json
 from speculators.vocab import DraftVocab, build_draft_vocab
 
 DRAFT_VOCAB = 8192
@@ -57,7 +57,7 @@ def build_smollm2_draft(
     """A random EAGLE-3 draft for SmolLM2 with the verifier's real embedding copied in."""
     torch.manual_seed(seed)
     config = Eagle3Config.from_verifier(
-        read_config_json(smollm2_dir),
+        read_config(smollm2_dir),
         str(verifier_ref),
         draft_vocab_size=DRAFT_VOCAB,
         speculative_tokens=SPECULATIVE_TOKENS,

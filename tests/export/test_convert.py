@@ -18,11 +18,12 @@ from speculators.export import (
     convert_checkpoint,
     detect_layout,
 )
-from speculators.export.sources import read_config, read_weights, verifier_embedding
+from speculators.export.sources import read_config, read_weights
 from speculators.export.writer import InvalidCheckpointError
 from speculators.format import load_checkpoint, validate_checkpoint
 from speculators.format.validate import errors
 from speculators.models import Eagle3DraftModel
+from speculators.verifier import verifier_embedding
 from tests.export.conftest import (
     build_draft,
     draft_logits,

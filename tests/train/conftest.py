@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO_ROOT
+from train.assemble import free_port
 
 VOCAB = 512
 NUM_SAMPLES = 8
@@ -168,14 +169,6 @@ def accelerate_launch(num_processes: int, args: list[str], tmp: Path, **popen) -
     if num_processes > 1:
         cmd += ["--multi_gpu", "--main_process_port", str(free_port())]
     return cmd + [str(REPO_ROOT / "train" / "run.py"), *args]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_launch(
