@@ -50,7 +50,7 @@ def get_draft(args, verifier, prompts):
 
         draft, path = load_draft(args.draft)
         return draft, {"source": str(path), "fitted_here": False}
-    from speculators.decoding.quickfit import fit_draft
+    from tests.support.quickfit import fit_draft
 
     fitted_on = prompts[: args.fit_prompts or len(prompts) // 2]
     print(f"no --draft given: fitting one on the greedy continuations of {len(fitted_on)} benchmark prompts")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+LOG_HEADING = "## Measurement log"
 # name -> script; the order is cheapest first, so a quick look at the suite needs no trained draft.
 BENCHMARKS = {
     "data_gen": "bench/data_gen_bench.py",
@@ -178,8 +179,16 @@ def write_summary(status: dict[str, str]) -> None:
         else:
             lines.append("- not measured yet")
         lines.append("")
-    (RESULTS / "SUMMARY.md").write_text("\n".join(lines))
+    (RESULTS / "SUMMARY.md").write_text("\n".join(lines) + _kept_log())
     print(f"wrote {RESULTS / 'SUMMARY.md'}")
+
+
+def _kept_log() -> str:
+    """The hand-written measurement log at the end of SUMMARY.md (from ``LOG_HEADING`` on) survives a rewrite."""
+    path = RESULTS / "SUMMARY.md"
+    text = path.read_text() if path.exists() else ""
+    at = text.find(LOG_HEADING)
+    return "\n" + text[at:] if at >= 0 else ""
 
 
 if __name__ == "__main__":

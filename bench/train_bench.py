@@ -7,7 +7,7 @@
    lm_head. Measured with 1 intra-op thread and with torch's default.
 2. Peak memory of the TTT attention (forward + backward, k = 3 steps, SmolLM2's head layout) as the sequence length
    doubles, for the linear-memory ``chunked`` implementation and the naive dense-mask reference. Counted as live
-   tensor bytes (train.memory.LiveTensorMemory), exact and allocator-independent. The chunked ratio per doubling
+   tensor bytes (tests.support.memory.LiveTensorMemory), exact and allocator-independent. The chunked ratio per doubling
    must stay near 2 (linear); the dense one approaches 4 (quadratic).
 
     .venv/bin/python bench/train_bench.py [--steps 6] [--lengths 512 1024 2048 4096] [--dense-max 2048]
@@ -32,7 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from train.memory import peak_memory_of  # noqa: E402
+from tests.support.memory import peak_memory_of  # noqa: E402
 from train.ttt_attention import chunked_ttt_attention, dense_ttt_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, TTT_STEPS = 9, 3, 64, 3  # SmolLM2-135M

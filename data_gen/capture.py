@@ -8,7 +8,7 @@ nothing on disk), so both paths produce the very same tensors::
     out["aux_hidden"]   # [B, T, n*H]  residual streams ENTERING layers aux_layer_ids, concatenated (vLLM ids)
     out["last_hidden"]  # [B, T, H]    output of the last decoder layer BEFORE the final norm
 
-Layer ids follow vLLM (FORMAT.md, the ±1 trap): id k is the residual stream entering decoder layer k, id 0 the
+Layer ids follow vLLM (docs/algorithms.md, the ±1 trap): id k is the residual stream entering decoder layer k, id 0 the
 embeddings, id L the last state before the final norm. ``model.lm_head(model.model.norm(last_hidden))`` gives the
 verifier's logits, which is why the pre-norm state is kept. Only the base model (``model.model``) is run: the
 lm_head (often the most expensive matmul of a small verifier) is not needed to capture features.

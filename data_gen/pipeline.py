@@ -37,14 +37,13 @@ from data_gen.store import (
     SPLITS,
     STORAGE_DTYPES,
     Sample,
-    atomic_write_json,
-    atomic_write_text,
     check_or_write_identity,
     done_record,
     finalize_split,
     remove_stale_temporaries,
     write_shard,
 )
+from speculators.atomic import atomic_write_json, atomic_write_text
 from speculators.verifier import load_verifier, resolve_dtype, resolve_verifier_path
 from speculators.vocab import tokenizer_fingerprint
 
@@ -123,26 +122,61 @@ def _sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@dataclass
+class VerifierSide:
+    """The verifier, its tokenizer and chat masker, and the aux layers captured from it."""
+
+    path: str  # resolved local directory or hub id
+    hf_config: Any
+    tokenizer: Any
+    masker: ChatMasker
+    model: Any
+    aux_layer_ids: list[int]
+    capture: FeatureCapture
+
+
 def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
     """Load and check everything (source, template, layer ids, verifier, output dir); writes nothing."""
-    from transformers import AutoConfig, AutoTokenizer
-
     data = DataSettings.from_mapping(config["data"])
     gen = GenSettings.from_mapping(config["data_gen"])
     verifier = dict(config["verifier"])
     conversations, report = load_conversations(data)
     train, heldout = split_conversations(conversations, data.heldout_fraction, data.seed)
     log.info("%s; train %d, heldout %d", report.summary(), len(train), len(heldout))
+    side = load_verifier_side(verifier, data, torch.device(dist.device), regenerates_first(gen.regenerate))
+    identity = run_identity(side, data, gen)
+    regenerator = build_regenerator(gen.regenerate, data, side.masker, side.model, side.tokenizer, side.path)
+    check_or_write_identity(gen.output_dir, identity, write=False)
+    return Prepared(
+        data=data,
+        gen=gen,
+        verifier_path=side.path,
+        splits={"train": train, "heldout": heldout},
+        source_report=report.to_json(),
+        masker=side.masker,
+        capture=side.capture,
+        identity=identity,
+        header=shard_header(side, str(verifier["name_or_path"]), identity, data, report.to_json()),
+        tokenizer=side.tokenizer,
+        regenerator=regenerator,
+    )
+
+
+def load_verifier_side(
+    verifier: dict[str, Any], data: DataSettings, device: torch.device, park_on_cpu: bool
+) -> VerifierSide:
+    """Tokenizer and chat masker (the template is checked here), the aux layer ids, then the verifier itself
+    (on ``device``, or on the CPU until regeneration is done when ``park_on_cpu``)."""
+    from transformers import AutoConfig, AutoTokenizer
 
     path = resolve_verifier_path(str(verifier["name_or_path"]))
     tokenizer = AutoTokenizer.from_pretrained(path)
     masker = ChatMasker(tokenizer, data.turn_mode, data.chat_template)
     hf_config = AutoConfig.from_pretrained(path)
-    num_layers = int(hf_config.num_hidden_layers)
-    aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), num_layers)
+    aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), int(hf_config.num_hidden_layers))
     # vLLM regeneration owns the GPU while it runs: the HF verifier waits on the CPU (in its GPU dtype) until then
-    dtype = resolve_dtype(verifier.get("dtype", "auto"), dist.device)
-    model, _ = load_verifier(path, dtype, "cpu" if regenerates_first(gen.regenerate) else dist.device)
+    dtype = resolve_dtype(verifier.get("dtype", "auto"), device)
+    model, _ = load_verifier(path, dtype, torch.device("cpu") if park_on_cpu else device)
     capture = FeatureCapture(model, aux_ids, out_dtype=None)
     vocab_size = int(hf_config.vocab_size)
     if len(tokenizer) > vocab_size:
@@ -150,57 +184,57 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
             f"the tokenizer has {len(tokenizer)} tokens but the verifier's vocab_size is {vocab_size}; "
             "they do not belong together"
         )
-    identity = {
+    return VerifierSide(path, hf_config, tokenizer, masker, model, aux_ids, capture)
+
+
+def run_identity(side: VerifierSide, data: DataSettings, gen: GenSettings) -> dict[str, Any]:
+    """Who made this data: a rerun into the same output directory must match it exactly (``run_identity.json``)."""
+    return {
         "format_version": FORMAT_VERSION,
         "verifier": {
-            "fingerprint": verifier_fingerprint(model),
-            "architectures": list(getattr(hf_config, "architectures", None) or []),
+            "fingerprint": verifier_fingerprint(side.model),
+            "architectures": list(getattr(side.hf_config, "architectures", None) or []),
         },
         "tokenizer": {
-            "fingerprint": tokenizer_fingerprint(tokenizer),
-            "chat_template_sha256": _sha256_text(masker.template),
-            "masking": {k: v for k, v in masker.describe().items() if k != "prefix_stable"},
+            "fingerprint": tokenizer_fingerprint(side.tokenizer),
+            "chat_template_sha256": _sha256_text(side.masker.template),
+            "masking": {k: v for k, v in side.masker.describe().items() if k != "prefix_stable"},
         },
-        "aux_layer_ids": aux_ids,
+        "aux_layer_ids": side.aux_layer_ids,
         "layer_convention": LAYER_CONVENTION,
         "storage_dtype": gen.storage_dtype,
         "shard_size": gen.shard_size,
         "data": _data_identity(data),
         "regenerate": _regenerate_identity(gen.regenerate),
     }
-    regenerator = build_regenerator(gen.regenerate, data, masker, model, tokenizer, path)
-    check_or_write_identity(gen.output_dir, identity, write=False)
-    header = {
-        "aux_layer_ids": aux_ids,
+
+
+def shard_header(
+    side: VerifierSide,
+    name_or_path: str,
+    identity: dict[str, Any],
+    data: DataSettings,
+    report: dict[str, Any],
+) -> dict[str, Any]:
+    """What every split's manifest records about the features (the trainer's contract, see ``data_gen.store``)."""
+    return {
+        "aux_layer_ids": side.aux_layer_ids,
         "layer_convention": LAYER_CONVENTION,
-        "num_hidden_layers": num_layers,
-        "hidden_size": int(hf_config.hidden_size),
-        "vocab_size": vocab_size,
-        "storage_dtype": gen.storage_dtype,
+        "num_hidden_layers": int(side.hf_config.num_hidden_layers),
+        "hidden_size": int(side.hf_config.hidden_size),
+        "vocab_size": int(side.hf_config.vocab_size),
+        "storage_dtype": identity["storage_dtype"],
         "verifier": {
-            "name_or_path": str(verifier["name_or_path"]),
-            "resolved_path": path,
+            "name_or_path": name_or_path,
+            "resolved_path": side.path,
             "architectures": identity["verifier"]["architectures"],
             "fingerprint": identity["verifier"]["fingerprint"],
-            "capture_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "capture_dtype": str(next(side.model.parameters()).dtype).replace("torch.", ""),
         },
-        "tokenizer": {**identity["tokenizer"], **masker.describe()},
-        "data": {"settings": asdict(data), "source_report": report.to_json()},
+        "tokenizer": {**identity["tokenizer"], **side.masker.describe()},
+        "data": {"settings": asdict(data), "source_report": report},
         "regenerate": identity["regenerate"],
     }
-    return Prepared(
-        data=data,
-        gen=gen,
-        verifier_path=path,
-        splits={"train": train, "heldout": heldout},
-        source_report=report.to_json(),
-        masker=masker,
-        capture=capture,
-        identity=identity,
-        header=header,
-        tokenizer=tokenizer,
-        regenerator=regenerator,
-    )
 
 
 def regenerates_first(settings: RegenerateSettings) -> bool:

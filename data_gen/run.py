@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import gc
 import logging
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python data_gen/run.py` from anywhere
-
-import hydra  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+import hydra
+from omegaconf import DictConfig, OmegaConf
 
 
 @hydra.main(config_path="../recipes", config_name="config", version_base=None)
@@ -39,7 +35,7 @@ def main(cfg: DictConfig) -> None:
             print(format_summary(summary), flush=True)
     finally:
         gc.collect()
-        state.destroy_process_group()  # gloo hangs at exit otherwise (ENVIRONMENT.md)
+        state.destroy_process_group()  # gloo hangs at exit otherwise (docs/environment.md)
 
 
 if __name__ == "__main__":

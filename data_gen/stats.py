@@ -16,7 +16,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from data_gen.store import TOKEN_COUNTS_NAME, fsync_replace, read_manifest, temp_sibling
+from data_gen.store import TOKEN_COUNTS_NAME, read_manifest
+from speculators.atomic import fsync_replace, temp_sibling
 
 
 def count_assistant_tokens(split_dir: str | Path, vocab_size: int) -> torch.Tensor:

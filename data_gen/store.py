@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +53,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch.utils.data import Dataset
+
+from speculators.atomic import atomic_write_json, fsync_replace, temp_sibling
 
 FORMAT_NAME = "speculators-train/features"
 FORMAT_VERSION = 1
@@ -90,34 +90,6 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def fsync_replace(tmp: Path, target: Path) -> None:
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
-
-
-def temp_sibling(target: Path) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
-    os.close(fd)
-    return Path(name)
-
-
-def atomic_write_text(target: str | Path, text: str) -> None:
-    """Write ``text`` to a temporary sibling, fsync, rename: readers see the old file or the new one, never half."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(target)
-    try:
-        tmp.write_text(text)
-        fsync_replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_json(target: str | Path, payload: Any) -> None:
-    atomic_write_text(target, json.dumps(payload, indent=1, sort_keys=False) + "\n")
 
 
 def remove_stale_temporaries(directory: str | Path) -> int:

@@ -283,7 +283,7 @@ def run(out: Path, cpu_smoke: bool, steps: int) -> dict[str, Any]:
         raise SystemExit("gpu_check: no CUDA device (use --cpu-smoke to exercise the code on CPU)")
     workdir = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     if cpu_smoke:
-        from speculators.verifier import build_tiny_verifier
+        from tests.support.verifiers import build_tiny_verifier
 
         verifier_dir = str(build_tiny_verifier(workdir / "tiny-llama"))
         recipe = smoke_recipe(verifier_dir)

@@ -1,7 +1,8 @@
-"""Verifiers: loading any local HF causal LM, the embedded default (SmolLM2-135M-Instruct), tiny random ones for
-tests, and capturing the auxiliary hidden states EAGLE-3 reads, in vLLM's layer-id convention.
+"""Verifiers: loading any local HF causal LM, the embedded default (SmolLM2-135M-Instruct), capturing the auxiliary
+hidden states EAGLE-3 reads, in vLLM's layer-id convention, and reading single verifier tensors (embedding, final
+norm, lm_head) without loading the model.
 
-The ±1 trap (FORMAT.md): aux id k is the residual stream ENTERING decoder layer k (= output of layer k-1); id 0 is
+The ±1 trap (docs/algorithms.md): aux id k is the residual stream ENTERING decoder layer k (= output of layer k-1); id 0 is
 the embeddings and id L is the output of the last layer BEFORE the final norm. HF's ``output_hidden_states`` gives
 the last entry after the final norm, so we capture with hooks on the layers and on the final norm instead.
 """
@@ -9,7 +10,6 @@ the last entry after the final norm, so we capture with hooks on the layers and 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
-from speculators.format.checkpoint import atomic_directory
+from speculators.format.checkpoint import atomic_directory, weight_files
 
 EMBEDDED_NAME = "smollm2"
 EMBEDDED_DIRNAME = "SmolLM2-135M-Instruct"
@@ -121,46 +122,6 @@ def verifier_config_dict(name_or_path: str) -> dict[str, Any]:
     return AutoConfig.from_pretrained(resolve_verifier_path(name_or_path)).to_dict()
 
 
-# ---- tiny random verifiers for tests -----------------------------------------------------------------------
-def tiny_verifier_config(arch: str = "llama", **overrides: Any) -> Any:
-    """A small Llama or Qwen3 config (random weights are fine for format and pipeline tests)."""
-    from transformers import LlamaConfig, Qwen3Config
-
-    settings: dict[str, Any] = dict(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=8,
-        num_attention_heads=2,  # head_dim 32: the smallest head size vLLM's CPU attention serves
-        num_key_value_heads=1,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    )
-    settings.update(overrides)
-    if arch == "qwen3":
-        settings.setdefault("head_dim", settings["hidden_size"] // settings["num_attention_heads"])
-        return Qwen3Config(**settings, architectures=["Qwen3ForCausalLM"])
-    if arch == "llama":
-        return LlamaConfig(**settings, architectures=["LlamaForCausalLM"])
-    raise ValueError(f"unknown tiny verifier architecture {arch!r}: use llama or qwen3")
-
-
-def build_tiny_verifier(
-    directory: str | Path, arch: str = "llama", seed: int = 0, tokenizer: Any = None, **overrides: Any
-) -> Path:
-    """Save a random tiny verifier (and optionally a tokenizer) as an HF directory; returns the directory."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_verifier_config(arch, **overrides))
-    with atomic_directory(directory) as staging:
-        model.save_pretrained(staging)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
-    return Path(directory)
-
-
 # ---- aux hidden-state capture ------------------------------------------------------------------------------
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layers of an HF causal LM (``model.model.layers`` for Llama/Qwen/Mistral-style models)."""
@@ -233,10 +194,56 @@ def capture_aux_states(model: nn.Module, layer_ids: Sequence[int]) -> Iterator[d
             handle.remove()
 
 
-def verifier_logits_from_prenorm(model: nn.Module, last_prenorm: torch.Tensor) -> torch.Tensor:
-    """The verifier's logits recomputed from its pre-norm last state (what offline training stores)."""
-    return model.lm_head(final_norm(model)(last_prenorm))
+# ---- reading verifier weights without loading the model ---------------------------------------------------
+def read_verifier_tensor(verifier_dir: str | Path, names: tuple[str, ...]) -> torch.Tensor:
+    """One tensor of a verifier checkpoint (the first of ``names`` present), reading only that tensor when the
+    weights are safetensors: a draft's ``embed_tokens`` is a copy of the verifier's input embedding."""
+    from speculators.export.sources import (  # pickled .bin verifiers: the any-layout reader
+        ANY_LAYOUT,
+        read_weights,
+    )
+
+    verifier_dir = Path(verifier_dir)
+    files = weight_files(verifier_dir, ANY_LAYOUT)
+    for path in files:
+        if path.suffix != ".safetensors":
+            continue
+        with safe_open(str(path), framework="pt") as handle:
+            for name in names:
+                if name in handle.keys():
+                    return handle.get_tensor(name)
+    if any(path.suffix != ".safetensors" for path in files):
+        weights = read_weights(verifier_dir)
+        for name in names:
+            if name in weights:
+                return weights[name]
+    raise KeyError(f"{verifier_dir}: none of {list(names)} is among the verifier's tensors")
 
 
-def read_config_json(directory: str | Path) -> dict[str, Any]:
-    return json.loads((Path(directory) / "config.json").read_text())
+VERIFIER_EMBEDDING_NAMES = (
+    "model.embed_tokens.weight",
+    "model.language_model.embed_tokens.weight",
+    "language_model.model.embed_tokens.weight",
+    "embed_tokens.weight",
+)
+
+
+NORM_NAMES = ("model.norm.weight",)
+LM_HEAD_NAMES = ("lm_head.weight",)
+
+
+def read_verifier_tensors(name_or_path: str, wanted: dict[str, tuple[str, ...]]) -> dict[str, torch.Tensor]:
+    """Read only the named tensors (first alias found wins) of a verifier checkpoint; absent keys are left out."""
+    directory = resolve_verifier_path(name_or_path)
+    found: dict[str, torch.Tensor] = {}
+    for key, aliases in wanted.items():
+        try:
+            found[key] = read_verifier_tensor(directory, aliases)
+        except KeyError:
+            continue
+    return found
+
+
+def verifier_embedding(name_or_path: str | Path) -> torch.Tensor:
+    """The verifier's input embedding ``[V, H]`` (a draft's ``embed_tokens`` is a copy of it)."""
+    return read_verifier_tensor(resolve_verifier_path(str(name_or_path)), VERIFIER_EMBEDDING_NAMES)

@@ -3,7 +3,8 @@
 Built from token counts over ASSISTANT tokens only (loss mask == 1), keeping the ``draft_vocab_size`` most frequent
 (ties to the lower id; unseen ids pad from the lowest), sorted ascending. ``d2t = selected - arange(N)`` (offsets,
 not ids) and ``t2d[selected] = True``. The provenance (tokenizer fingerprint, sizes, data) is stored alongside, and
-``check_compatible`` refuses a mapping built for another tokenizer or size — a known silent failure elsewhere.
+``check_compatible`` refuses a mapping built for another tokenizer or size — a known silent failure elsewhere (a
+second training stage, ``train.init_from``, checks its first stage's vocabulary with it).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def smollm2_tokenizer(smollm2_dir):
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer) -> Path:
     """A random 8-layer Llama verifier (hidden 64, 2 heads of 32: servable by vLLM on CPU) that shares SmolLM2's tokenizer and chat template."""
-    from speculators.verifier import build_tiny_verifier
+    from tests.support.verifiers import build_tiny_verifier
 
     return build_tiny_verifier(
         tmp_path_factory.mktemp("verifiers") / "tiny-llama",
@@ -45,7 +45,7 @@ def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory, smollm2_tokenizer) -> Path:
     """A random 8-layer Qwen3 verifier (q/k norms) sharing SmolLM2's tokenizer."""
-    from speculators.verifier import build_tiny_verifier
+    from tests.support.verifiers import build_tiny_verifier
 
     return build_tiny_verifier(
         tmp_path_factory.mktemp("verifiers") / "tiny-qwen3",

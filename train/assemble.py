@@ -24,11 +24,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from speculators import runs
 from speculators.format.config import Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
-from speculators.verifier import resolve_dtype, resolve_verifier_path
+from speculators.verifier import resolve_dtype, resolve_verifier_path, verifier_embedding
 from speculators.vocab import DraftVocab
-from train.targets import TargetHead, verifier_embedding
+from train.targets import TargetHead
 
 
 # ---- precision and processes --------------------------------------------------------------------------------
@@ -45,7 +46,8 @@ def compute_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for MASTER_PORT / ``--main_process_port``): the one port finder."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -61,7 +63,7 @@ def ensure_launcher_env() -> None:
         LOCAL_RANK="0",
         LOCAL_WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
     )
 
 
@@ -156,15 +158,15 @@ def build_draft(
     if cfg.model.init_lm_head_from_verifier:
         draft.lm_head.weight.data.copy_(head.draft_weight.to(draft.lm_head.weight.dtype))
     if cfg.train.init_from:
-        init_from_checkpoint(draft, Path(str(cfg.train.init_from)))
+        init_from_checkpoint(draft, Path(str(cfg.train.init_from)), vocab)
     return draft
 
 
-def init_from_checkpoint(draft: Eagle3DraftModel, source: Path) -> None:
-    """Start from another run's weights (HASS stage 2): a run dir (its best checkpoint) or a draft dir."""
-    from train.checkpointing import resolve_draft_dir
-
-    directory = resolve_draft_dir(source)
+def init_from_checkpoint(draft: Eagle3DraftModel, source: Path, vocab: DraftVocab) -> None:
+    """Start from another run's weights (HASS stage 2): a run dir (its best checkpoint) or a draft dir. The first
+    run's draft vocabulary must have been built for this run's tokenizer and size (``DraftVocab.check_compatible``)."""
+    check_first_stage_vocab(source, vocab)
+    directory = runs.resolve_draft_dir(source)
     loaded = Eagle3DraftModel.from_pretrained(directory)
     mine, theirs = draft.config, loaded.config
     for name in ("hidden_size", "vocab_size", "num_layers", "layer_type"):
@@ -179,6 +181,19 @@ def init_from_checkpoint(draft: Eagle3DraftModel, source: Path) -> None:
             "token counts); use the same data directory and model.draft_vocab_size as the first stage"
         )
     draft.load_state_dict(loaded.state_dict())
+
+
+def check_first_stage_vocab(source: Path, vocab: DraftVocab) -> None:
+    """Refuse a first stage whose saved draft vocabulary was built for another tokenizer or size: the same d2t
+    over another tokenizer's ids would silently train the draft on the wrong tokens."""
+    run_dir = runs.locate_checkpoint(source).run_dir
+    saved = run_dir / runs.DRAFT_VOCAB_NAME if run_dir is not None else None
+    fingerprint = vocab.provenance.get("tokenizer_fingerprint")
+    if saved is None or not saved.is_file() or not fingerprint:
+        return  # a bare draft directory, or an online run (its counts carry no tokenizer fingerprint)
+    DraftVocab.load(saved).check_compatible(
+        fingerprint, vocab.draft_vocab_size, where=f"train.init_from={source}: its draft vocabulary ({saved})"
+    )
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from train.data import MicroBatch
-from train.losses import acceptance_counts, acceptance_summary, step_masks, step_terms
+from train.losses import step_masks, step_terms
+from train.step_stats import StepStats
 from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
 
 
@@ -36,8 +37,7 @@ def evaluate(
     device = accelerator.device
     was_training = model.training
     model.eval()
-    sums = torch.zeros(5, steps, dtype=torch.float64, device=device)  # ce, topk, trained, valid, correct
-    chain = torch.zeros(4, steps, dtype=torch.float64, device=device)
+    stats = StepStats(steps, device)
     for batch in batches:
         batch = batch.to(device)
         needed = needed_positions(batch.loss_mask)
@@ -48,41 +48,24 @@ def evaluate(
         correct = []
         for j in range(steps):
             terms = step_terms(logits[j], verifier_logits, masks, j, topk if topk_weight else 0)
-            sums[0, j] += float(terms.ce) * batch.weight
-            sums[1, j] += float(terms.topk) * batch.weight
-            sums[4, j] += terms.correct * batch.weight
+            stats.add_terms(j, terms, batch.weight)
             correct.append(logits[j].argmax(-1) == masks.target_draft_id[j])
-        sums[2:4] += masks.counts().to(device) * batch.weight
-        chain += acceptance_counts(torch.stack(correct), masks.valid).to(device) * batch.weight
-    sums = accelerator.reduce(sums, reduction="sum")
-    chain = accelerator.reduce(chain, reduction="sum")
+        stats.add_positions(masks, batch.weight)
+        stats.add_chain(torch.stack(correct), masks.valid, batch.weight)
+    total = stats.all_reduce(accelerator)
     if was_training:
         model.train()
-    return summarize(sums, chain, weights, topk_weight)
+    return summarize(total, weights, topk_weight)
 
 
-def summarize(
-    sums: torch.Tensor, chain: torch.Tensor, weights: list[float], topk_weight: float
-) -> dict[str, Any]:
-    ce, topk, trained, valid, correct = (sums[i].cpu() for i in range(5))
-    per_step_ce = (ce / trained.clamp_min(1)).tolist()
-    per_step_topk = (topk / trained.clamp_min(1)).tolist()
-    loss = sum(
-        w * (per_step_ce[j] + topk_weight * per_step_topk[j]) for j, w in enumerate(weights[: len(ce)])
-    )
-    metrics: dict[str, Any] = {
-        "eval/loss": loss,
-        "eval/positions": int(chain[3, 0]),
+def summarize(stats: StepStats, weights: list[float], topk_weight: float) -> dict[str, Any]:
+    """The ``eval/*`` metrics of all-reduced statistics (the names the logs, best.json and the model card read)."""
+    return {
+        "eval/loss": stats.loss(weights, topk_weight),
+        "eval/positions": stats.drafts_started,
+        **stats.per_step_metrics("eval"),
+        **stats.acceptance("eval"),
     }
-    for j in range(len(per_step_ce)):
-        metrics[f"eval/ce_{j}"] = per_step_ce[j]
-        metrics[f"eval/acc_{j}"] = float(correct[j] / valid[j].clamp_min(1))
-    summary = acceptance_summary(chain.cpu())
-    metrics["eval/acceptance_length"] = summary["acceptance_length"]
-    metrics["eval/acceptance_length_max"] = summary["acceptance_length_max"]
-    for j, rate in enumerate(summary["acceptance_conditional"]):
-        metrics[f"eval/accept_rate_{j}"] = rate
-    return metrics
 
 
 __all__ = ["evaluate", "summarize"]

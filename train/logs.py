@@ -15,16 +15,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-
-def format_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
+from speculators.export.model_card import format_duration
 
 
 def console_line(record: dict[str, Any], total_steps: int) -> str:
-    """``step 120/1000 ep 1 | loss 2.3100 | acc 0.55/0.41/0.30 | lr 1.00e-04 | 1234 tok/s | eta 0:10:00``."""
+    """``step 120/1000 ep 1 | loss 2.3100 | acc 0.55/0.41/0.30 | lr 1.00e-04 | 1234 tok/s | eta 10.0 min``."""
     accs = [record[k] for k in sorted(record) if k.startswith("train/acc_")]
     parts = [
         f"step {record['step']}/{total_steps} ep {record.get('epoch', 0)}",
@@ -135,4 +130,4 @@ class RunLogger:
             self.wandb_run.finish()
 
 
-__all__ = ["RunLogger", "console_line", "eval_line", "format_duration"]
+__all__ = ["RunLogger", "console_line", "eval_line"]

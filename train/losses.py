@@ -1,7 +1,7 @@
 """What a TTT unroll is scored by: soft cross-entropy (forward KL) per step, HASS's top-K distillation, top-1
 accuracy and the simulated acceptance length.
 
-Alignment (ALGORITHMS.md), per row of length L and drafting step j (0-based):
+Alignment (docs/algorithms.md), per row of length L and drafting step j (0-based):
 
 * the draft at position t sees feature g_t (step 0) or its own previous output (step j), and token x_{t+1+j};
 * its target is the verifier's distribution at position u = t+1+j (which predicts x_{t+2+j});

@@ -21,12 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-import hydra  # noqa: E402
-from omegaconf import DictConfig, open_dict  # noqa: E402
+import hydra
+from omegaconf import DictConfig, open_dict
 
 
 def is_main_rank() -> bool:

@@ -2,7 +2,8 @@
 verifier in the loop (online) — through the verifier's own final norm and lm_head, nothing else.
 
 Offline training never loads the verifier: only three tensors are read from its weight files (final norm,
-lm_head — or the tied embedding — and the input embedding the draft copies). The targets a step needs are
+lm_head — or the tied embedding — and the input embedding the draft copies), through :mod:`speculators.verifier`.
+The targets a step needs are
 
 * ``draft_logits``: verifier logits restricted to the draft vocabulary (the rows of lm_head at the draft's verifier
   ids; cheap even for a 128k vocabulary), softmaxed into the soft targets;
@@ -18,24 +19,13 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from speculators.export import sources
-from speculators.verifier import final_norm, resolve_verifier_path
-
-NORM_NAMES = ("model.norm.weight",)
-LM_HEAD_NAMES = ("lm_head.weight",)
-EMBED_NAMES = sources.VERIFIER_EMBEDDING_NAMES
-
-
-def read_verifier_tensors(name_or_path: str, wanted: dict[str, tuple[str, ...]]) -> dict[str, torch.Tensor]:
-    """Read only the named tensors (first alias found wins) of a verifier checkpoint; absent keys are left out."""
-    directory = resolve_verifier_path(name_or_path)
-    found: dict[str, torch.Tensor] = {}
-    for key, aliases in wanted.items():
-        try:
-            found[key] = sources.read_verifier_tensor(directory, aliases)
-        except KeyError:
-            continue
-    return found
+from speculators.verifier import (
+    LM_HEAD_NAMES,
+    NORM_NAMES,
+    VERIFIER_EMBEDDING_NAMES,
+    final_norm,
+    read_verifier_tensors,
+)
 
 
 class TargetHead(nn.Module):
@@ -63,13 +53,13 @@ class TargetHead(nn.Module):
         """Load just the final norm and lm_head (or the tied embedding) of a verifier."""
         tied = bool(verifier_config.get("tie_word_embeddings", False))
         # tied: the embedding is the head; untied but no lm_head stored: fall back to the embedding
-        head_names = EMBED_NAMES if tied else LM_HEAD_NAMES + EMBED_NAMES
+        head_names = VERIFIER_EMBEDDING_NAMES if tied else LM_HEAD_NAMES + VERIFIER_EMBEDDING_NAMES
         tensors = read_verifier_tensors(name_or_path, {"norm": NORM_NAMES, "lm_head": head_names})
         lm_head = tensors.get("lm_head")
         if "norm" not in tensors or lm_head is None:
             raise KeyError(
                 f"{name_or_path}: could not find {NORM_NAMES[0]} and {LM_HEAD_NAMES[0]} (or a tied "
-                f"{EMBED_NAMES[0]}) in its weight files; is it a Llama/Qwen-style causal LM?"
+                f"{VERIFIER_EMBEDDING_NAMES[0]}) in its weight files; is it a Llama/Qwen-style causal LM?"
             )
         eps = float(verifier_config.get("rms_norm_eps", 1e-6))
         return cls(tensors["norm"].float(), lm_head.float(), eps, target_ids)
@@ -134,16 +124,9 @@ def needed_positions(loss_mask: torch.Tensor) -> torch.Tensor:
     return needed
 
 
-def verifier_embedding(name_or_path: str) -> torch.Tensor:
-    """The verifier's input embedding [V, H] (the draft keeps a frozen copy)."""
-    return sources.verifier_embedding(resolve_verifier_path(name_or_path))
-
-
 __all__ = [
     "TargetHead",
     "needed_positions",
-    "read_verifier_tensors",
     "target_draft_ids",
     "target_logits",
-    "verifier_embedding",
 ]

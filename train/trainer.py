@@ -18,7 +18,6 @@ where they are collective, written by the main process only.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import math
 import time
@@ -31,6 +30,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import Subset
 
+from speculators import runs
 from speculators.verifier import verifier_config_dict
 from speculators.vocab import build_draft_vocab
 from train import checkpointing as ckpt
@@ -58,6 +58,7 @@ from train.data import (
 from train.evaluation import evaluate
 from train.logs import RunLogger, console_line, eval_line
 from train.losses import step_masks, step_terms, step_weights
+from train.step_stats import StepStats
 from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
 from train.ttt_attention import resolve_backend
 from train.unroll import TTTDraft
@@ -217,7 +218,7 @@ class Trainer:
         resume = str(self.cfg.train.resume)
         if resume == "never":
             return None
-        return ckpt.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
+        return runs.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
 
     # ---- batches ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -244,9 +245,9 @@ class Trainer:
             yield self._materialize(samples if self.online else self.collate(samples), weight)
 
     # ---- one optimizer step -----------------------------------------------------------------------------
-    def _train_step(self, window: list[Any], sums: torch.Tensor) -> None:
+    def _train_step(self, window: list[Any], stats: StepStats) -> None:
         batches, masks = [], []
-        counts = torch.zeros(2, self.steps, dtype=torch.float64, device=self.device)
+        positions = StepStats(self.steps, self.device)
         for item in window:
             batch = self._materialize(item)
             needed = needed_positions(batch.loss_mask)
@@ -257,10 +258,10 @@ class Trainer:
                 self.steps,
                 bool(self.cfg.train.mask_out_of_vocab),
             )
-            counts += step_mask.counts().to(self.device)
+            positions.add_positions(step_mask)
             batches.append(batch)
             masks.append(step_mask)
-        trained = self.accelerator.reduce(counts, reduction="sum")[0].clamp_min(1.0)
+        trained = positions.all_reduce(self.accelerator).trained.to(self.device).clamp_min(1.0)
         scale = float(self.world * self.plan.grad_accum)
         topk = self.topk if self.topk_weight else 0
         for batch, step_mask in zip(batches, masks, strict=True):
@@ -273,12 +274,9 @@ class Trainer:
                 for j, weight in enumerate(self.weights):
                     terms = step_terms(logits[j], verifier_logits, step_mask, j, topk)
                     loss = loss + weight * (terms.ce + self.topk_weight * terms.topk) / trained[j].float()
-                    sums[0, j] += terms.ce.detach().double()
-                    sums[1, j] += terms.topk.detach().double()
-                    sums[4, j] += terms.correct
-                sums[2:4] += step_mask.counts().to(self.device)
-                sums[5, 0] += batch.num_tokens
-                sums[5, 1] += batch.num_documents
+                    stats.add_terms(j, terms)
+                stats.add_positions(step_mask)
+                stats.add_batch(batch.num_tokens, batch.num_documents)
                 self.accelerator.backward(loss * scale)
                 clip = float(self.cfg.optim.grad_clip or 0.0)
                 if self.accelerator.sync_gradients and clip > 0 and not self.is_deepspeed:
@@ -304,7 +302,7 @@ class Trainer:
             int(cfg.train.num_workers),
         )
         stream = iter(loader)
-        self._window = {"sums": self._new_sums(), "seconds": 0.0, "since": progress.step}
+        self._window = {"stats": StepStats(self.steps, self.device), "seconds": 0.0, "since": progress.step}
         self._run_start = (time.time(), progress.step)
         self._last_eval_step = self._last_save_step = progress.step if progress.step else -1
         while progress.step < self.total_steps:
@@ -312,7 +310,7 @@ class Trainer:
             set_lr(self.optimizer, lr)
             window = [next(stream) for _ in range(self.plan.grad_accum)]
             started = time.time()
-            self._train_step(window, self._window["sums"])
+            self._train_step(window, self._window["stats"])
             self._window["seconds"] += time.time() - started
             progress.step += 1
             progress.epoch, progress.step_in_epoch = divmod(progress.step, per_epoch)
@@ -334,7 +332,7 @@ class Trainer:
     def _log_train(self, progress: Progress, lr: float) -> None:
         """One metrics record + console line for the steps since the last one (collective: all ranks call it)."""
         window = self._window
-        record = self._train_record(window["sums"], progress, lr, window["seconds"], window["since"])
+        record = self._train_record(window["stats"], progress, lr, window["seconds"], window["since"])
         progress.tokens_seen += int(record["tokens"])
         progress.train_seconds += window["seconds"]
         wall_start, first_step = self._run_start
@@ -342,7 +340,7 @@ class Trainer:
         record["eta_s"] = per_step * (self.total_steps - progress.step)
         self.logger.log(record, console_line(record, self.total_steps))
         self.logger.advance(progress.step - window["since"], {"tok/s": f"{record['tokens_per_s']:.0f}"})
-        self._window = {"sums": self._new_sums(), "seconds": 0.0, "since": progress.step}
+        self._window = {"stats": StepStats(self.steps, self.device), "seconds": 0.0, "since": progress.step}
 
     @staticmethod
     def _due(every: int, step: int, epoch_end: bool) -> bool:
@@ -357,14 +355,14 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.write_run_config(self.run_dir, self.cfg, hydra_overrides())
             ckpt.remove_partials(self.run_dir)
-            self.vocab.save(self.run_dir / "draft_vocab.safetensors")
+            self.vocab.save(self.run_dir / runs.DRAFT_VOCAB_NAME)
         acc.wait_for_everyone()
         torch.manual_seed(
             int(self.cfg.seed) * 1000 + self.rank
         )  # any stray randomness: per rank, restored on resume
         progress = Progress(world_size=self.world, global_batch=self.plan.global_batch)
         if resume == "never":
-            if ckpt.list_checkpoints(self.run_dir):
+            if runs.list_checkpoints(self.run_dir):
                 raise FileExistsError(
                     f"{self.run_dir} already has checkpoints and train.resume=never; choose another run_dir or "
                     "set train.resume=auto to continue it"
@@ -373,7 +371,7 @@ class Trainer:
         path = self._resume_path()
         if path is None:
             return progress
-        state = json.loads((path / ckpt.STATE_NAME).read_text())
+        state = runs.require_resumable(path)
         if self.is_deepspeed and int(state["world_size"]) != self.world:
             raise ValueError(
                 f"{path} holds DeepSpeed ZeRO partitions of {state['world_size']} processes; resume it with "
@@ -408,36 +406,22 @@ class Trainer:
             f"TTT steps {self.steps}" + (f", starting at step {progress.step}" if progress.step else "")
         )
 
-    def _new_sums(self) -> torch.Tensor:
-        # rows: ce, topk, trained, valid, correct (per TTT step), [tokens, documents]
-        return torch.zeros(6, max(self.steps, 2), dtype=torch.float64, device=self.device)
-
     def _train_record(
-        self, sums: torch.Tensor, progress: Progress, lr: float, elapsed: float, since: int
+        self, stats: StepStats, progress: Progress, lr: float, elapsed: float, since: int
     ) -> dict[str, Any]:
-        total = self.accelerator.reduce(sums, reduction="sum").cpu()
-        k = self.steps
-        ce, topk, trained, valid, correct = (total[i, :k] for i in range(5))
-        per_ce = ce / trained.clamp_min(1)
-        per_topk = topk / trained.clamp_min(1)
-        record: dict[str, Any] = {
+        total = stats.all_reduce(self.accelerator)
+        tokens = float(total.tokens)
+        return {
             "step": progress.step,
             "kind": "train",
             "epoch": round(progress.step / self.plan.steps_per_epoch, 4),
             "lr": lr,
-            "train/loss": float(
-                sum(w * (per_ce[j] + self.topk_weight * per_topk[j]) for j, w in enumerate(self.weights))
-            ),
-            "tokens": float(total[5, 0]),
-            "tokens_per_s": float(total[5, 0]) / max(elapsed, 1e-9),
+            "train/loss": total.loss(self.weights, self.topk_weight),
+            "tokens": tokens,
+            "tokens_per_s": tokens / max(elapsed, 1e-9),
             "steps_per_s": (progress.step - since) / max(elapsed, 1e-9),
+            **total.per_step_metrics("train", with_topk=bool(self.topk_weight)),
         }
-        for j in range(k):
-            record[f"train/ce_{j}"] = float(per_ce[j])
-            record[f"train/acc_{j}"] = float(correct[j] / valid[j].clamp_min(1))
-            if self.topk_weight:
-                record[f"train/topk_{j}"] = float(per_topk[j])
-        return record
 
     def _evaluate(self, progress: Progress) -> bool:
         """Validate if held-out data exists; returns True when the acceptance length is a new best."""
@@ -475,7 +459,7 @@ class Trainer:
         )
         if self.is_main:
             if improved:
-                ckpt.write_best(
+                runs.write_best(
                     self.run_dir, progress.step, progress.best["acceptance_length"], progress.metrics
                 )
             ckpt.prune(self.run_dir, int(self.cfg.train.keep_checkpoints))

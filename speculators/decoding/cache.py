@@ -19,7 +19,7 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool ``[B, Q, K]`` → float ``[B, 1, Q, K]`` with 0 where allowed and the dtype's minimum elsewhere.
 
     A float mask, not a boolean one: eager attention ADDS the mask, so a boolean 4D mask would be silently wrong
-    there (ENVIRONMENT.md); sdpa accepts either. The minimum (not -inf) keeps fully masked rows finite.
+    there (docs/environment.md); sdpa accepts either. The minimum (not -inf) keeps fully masked rows finite.
     """
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]

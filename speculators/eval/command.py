@@ -86,9 +86,9 @@ def run(args: argparse.Namespace) -> int:
         vllm=args.vllm,
     )
     results = evaluate(
-        args.draft,
+        Path(args.draft),
         args.verifier,
-        args.prompts,
+        Path(args.prompts) if args.prompts else None,
         settings,
         Path(args.output),
         dtype=args.dtype,

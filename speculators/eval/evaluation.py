@@ -9,19 +9,17 @@ prompts go through vLLM with the same draft and k, and vLLM's own acceptance cou
 
 from __future__ import annotations
 
-import json
-import os
 import platform
-import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from speculators.atomic import atomic_write_json
 from speculators.decoding import DecodingConfig, DecodingStats, SpeculativeDecoder, eos_ids, plain_generate
 from speculators.eval.prompts import Messages, load_prompts, select_prompts
 from speculators.models.eagle3 import Eagle3DraftModel
@@ -75,18 +73,13 @@ class EvalSettings:
         return runs
 
 
-def load_draft(source: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Eagle3DraftModel, Path]:
+def load_draft(source: Path, dtype: torch.dtype = torch.float32) -> tuple[Eagle3DraftModel, Path]:
     """A draft from an exported directory, a trainer ``step-<N>`` checkpoint (its ``draft/``), or a run directory
     (its best checkpoint by acceptance, else the latest)."""
-    from speculators.export.run_dir import locate_checkpoint
+    from speculators.runs import resolve_draft_dir
 
-    checkpoint = locate_checkpoint(source)
-    if checkpoint.draft_dir is None:
-        raise FileNotFoundError(
-            f"{checkpoint.label} has no draft/ directory (only optimizer state); export it first with "
-            "`speculators export`, or point at a checkpoint that has draft/"
-        )
-    return Eagle3DraftModel.from_pretrained(checkpoint.draft_dir, dtype=dtype), checkpoint.draft_dir
+    draft_dir = resolve_draft_dir(source)
+    return Eagle3DraftModel.from_pretrained(draft_dir, dtype=dtype), draft_dir
 
 
 def _run_batches(
@@ -107,27 +100,79 @@ def _run_batches(
     return tokens, stats
 
 
+class VerifierPair(NamedTuple):
+    """A loaded verifier and its tokenizer (a plain ``(model, tokenizer)`` tuple works too)."""
+
+    model: Any
+    tokenizer: Any
+
+
+@dataclass
+class EvalInputs:
+    """What one evaluation decodes with: the draft (in the verifier's device and dtype), the verifier, and the
+    selected prompts as token ids."""
+
+    draft: Eagle3DraftModel
+    draft_dir: Path | None  # None: passed in memory (vLLM then has nothing to load)
+    verifier_name: str
+    model: Any
+    tokenizer: Any
+    conversations: list[Messages]
+    token_prompts: list[list[int]]
+    cut: dict[str, int]  # prompts shortened to fit / skipped as too long
+    stop: list[int]  # end-of-sequence ids of the tokenizer and the model
+
+
 def evaluate(
-    draft: str | Path | Eagle3DraftModel,
-    verifier: str | Path | tuple[Any, Any] | None = None,
-    prompts: str | Path | list[Messages] | None = None,
+    draft: Path | Eagle3DraftModel,
+    verifier: str | VerifierPair | None = None,
+    prompts: Path | list[Messages] | None = None,
     settings: EvalSettings | None = None,
-    output_dir: str | Path | None = None,
+    output_dir: Path | None = None,
     dtype: str = "auto",
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """Evaluate ``draft`` against ``verifier`` (a name/path, or a loaded ``(model, tokenizer)``; default: the
-    verifier named in the draft's config) on ``prompts`` (a chat JSONL, a data_gen output directory, message
-    lists, or ``None`` for the shipped set). Returns the results dict; with ``output_dir`` also writes
-    ``results.json`` and ``acceptance.png`` there."""
+    """Evaluate ``draft`` (a checkpoint or run directory, or a loaded draft) against ``verifier`` (a name/path, or
+    a loaded ``(model, tokenizer)``; default: the verifier named in the draft's config) on ``prompts`` (a chat
+    JSONL or data_gen output directory, message lists, or ``None`` for the shipped set). Returns the results
+    dict; with ``output_dir`` also writes ``results.json`` and ``acceptance.png`` there."""
+    settings = settings or EvalSettings()
+    inputs = load_inputs(draft, verifier, prompts, settings, dtype, device)
+    plain_generate(
+        inputs.model, inputs.token_prompts[:1], max_new_tokens=2
+    )  # first-call costs stay out of timings
+    results = describe(inputs, _prompt_source(prompts), settings, device)
+    plain_tokens = decode_plain(inputs, settings, results)
+    outputs = decode_drafts(inputs, settings, results, plain_tokens)
+    results["examples"] = [
+        {
+            "prompt": inputs.conversations[i][-1]["content"],
+            "output": inputs.tokenizer.decode(
+                plain_tokens[i] if plain_tokens else list(outputs.values())[-1][i]
+            ),
+        }
+        for i in range(min(3, len(inputs.token_prompts)))
+    ]
+    if settings.vllm:
+        results["vllm"] = cross_check_vllm(inputs, settings, results["runs"], outputs)
+    if output_dir is not None:
+        write_results(results, Path(output_dir))
+    return results
+
+
+def load_inputs(
+    draft: Path | Eagle3DraftModel,
+    verifier: str | VerifierPair | None,
+    prompts: Path | list[Messages] | None,
+    settings: EvalSettings,
+    dtype: str,
+    device: str,
+) -> EvalInputs:
+    """Load the draft and the verifier (the draft follows the verifier's device and dtype), then select the
+    prompts that fit ``settings.max_prompt_tokens``, up to ``settings.max_prompts``."""
     from speculators.verifier import load_verifier
 
-    settings = settings or EvalSettings()
-    draft_dir: Path | None = None
-    if isinstance(draft, Eagle3DraftModel):
-        draft_model = draft
-    else:
-        draft_model, draft_dir = load_draft(draft)
+    draft_model, draft_dir = (draft, None) if isinstance(draft, Eagle3DraftModel) else load_draft(draft)
     if verifier is None:
         verifier = draft_model.config.speculators_config.verifier.name_or_path
     if isinstance(verifier, tuple):
@@ -137,34 +182,37 @@ def evaluate(
         verifier_name = str(verifier)
         model, tokenizer = load_verifier(verifier_name, dtype=dtype, device=device)
     weight = next(model.parameters())
-    draft_model = draft_model.to(
-        device=weight.device, dtype=weight.dtype
-    )  # the verifier's dtype, whatever loaded it
+    draft_model = draft_model.to(device=weight.device, dtype=weight.dtype)
     limit = None if settings.max_prompt_tokens else settings.max_prompts  # filter by length before the limit
     conversations = prompts if isinstance(prompts, list) else load_prompts(prompts, limit)
     token_prompts, conversations, cut = select_prompts(
         tokenizer, conversations, settings.max_prompt_tokens, settings.max_prompts
     )
     stop = sorted(set(eos_ids(tokenizer)) | set(eos_ids(model)))
+    return EvalInputs(
+        draft_model, draft_dir, verifier_name, model, tokenizer, conversations, token_prompts, cut, stop
+    )
 
-    def generator() -> torch.Generator:
-        return torch.Generator(device=next(model.parameters()).device).manual_seed(settings.seed)
 
-    plain_generate(
-        model, token_prompts[:1], max_new_tokens=2
-    )  # warm-up: first-call costs stay out of timings
-    results: dict[str, Any] = {
-        "draft": str(draft_dir) if draft_dir else "in-memory",
-        "verifier": verifier_name,
+def describe(inputs: EvalInputs, prompt_source: str, settings: EvalSettings, device: str) -> dict[str, Any]:
+    """The results' header: what was evaluated, on which prompts, with which settings, and how it is counted."""
+    prompts = inputs.token_prompts
+    return {
+        "draft": str(inputs.draft_dir) if inputs.draft_dir else "in-memory",
+        "verifier": inputs.verifier_name,
         "prompts": {
-            "source": _prompt_source(prompts),
-            "count": len(token_prompts),
+            "source": prompt_source,
+            "count": len(prompts),
             "max_prompt_tokens": settings.max_prompt_tokens,
-            "shortened_to_fit": cut["shortened"],
-            "skipped_too_long": cut["skipped"],
-            "mean_prompt_tokens": sum(map(len, token_prompts)) / len(token_prompts),
+            "shortened_to_fit": inputs.cut["shortened"],
+            "skipped_too_long": inputs.cut["skipped"],
+            "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts),
         },
-        "settings": {**asdict(settings), "dtype": str(next(model.parameters()).dtype), "device": device},
+        "settings": {
+            **asdict(settings),
+            "dtype": str(next(inputs.model.parameters()).dtype),
+            "device": device,
+        },
         "environment": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
@@ -175,24 +223,50 @@ def evaluate(
         "per_position_acceptance_conditional[j] = P(draft j+1 accepted | drafts 1..j accepted); "
         "per_position_acceptance_unconditional[j] = accepted at j+1 / verify steps (vLLM's per-position rate)",
     }
-    plain_tokens = None
-    if settings.compare_plain:
-        plain_tokens, plain_stats = _run_batches(
-            lambda batch: plain_generate(
-                model, batch, settings.max_new_tokens, settings.temperature, settings.top_p, stop, generator()
-            ),
-            token_prompts,
-            settings.batch_size,
-            "plain",
-        )
-        results["plain"] = plain_stats.summary()
-    runs = []
-    outputs: dict[str, list[list[int]]] = {}
+
+
+def _generator(inputs: EvalInputs, settings: EvalSettings) -> torch.Generator:
+    """A fresh generator per decode, so every run samples from the same seed."""
+    return torch.Generator(device=next(inputs.model.parameters()).device).manual_seed(settings.seed)
+
+
+def decode_plain(
+    inputs: EvalInputs, settings: EvalSettings, results: dict[str, Any]
+) -> list[list[int]] | None:
+    """The baseline without a draft (``results["plain"]``), or None when ``settings.compare_plain`` is off."""
+    if not settings.compare_plain:
+        return None
+    tokens, stats = _run_batches(
+        lambda batch: plain_generate(
+            inputs.model,
+            batch,
+            settings.max_new_tokens,
+            settings.temperature,
+            settings.top_p,
+            inputs.stop,
+            _generator(inputs, settings),
+        ),
+        inputs.token_prompts,
+        settings.batch_size,
+        "plain",
+    )
+    results["plain"] = stats.summary()
+    return tokens
+
+
+def decode_drafts(
+    inputs: EvalInputs,
+    settings: EvalSettings,
+    results: dict[str, Any],
+    plain_tokens: list[list[int]] | None,
+) -> dict[str, list[list[int]]]:
+    """Every configured chain/tree through our engine (``results["runs"]``); returns each run's outputs."""
+    runs, outputs = [], {}
     for name, config in settings.configs():
-        decoder = SpeculativeDecoder(model, draft_model, config)
+        decoder = SpeculativeDecoder(inputs.model, inputs.draft, config)
         tokens, stats = _run_batches(
-            lambda batch, d=decoder: d.generate(batch, stop, generator()),
-            token_prompts,
+            lambda batch, d=decoder: d.generate(batch, inputs.stop, _generator(inputs, settings)),
+            inputs.token_prompts,
             settings.batch_size,
             name,
         )
@@ -200,33 +274,33 @@ def evaluate(
         if plain_tokens is not None:
             run["speedup"] = run["tokens_per_s"] / results["plain"]["tokens_per_s"]
             if settings.temperature <= 0:
-                run["matches_plain"] = sum(a == b for a, b in zip(tokens, plain_tokens, strict=True)) / len(
-                    tokens
-                )
+                same = sum(a == b for a, b in zip(tokens, plain_tokens, strict=True))
+                run["matches_plain"] = same / len(tokens)
         runs.append(run)
         outputs[name] = tokens
     results["runs"] = runs
-    results["examples"] = [
-        {
-            "prompt": conversations[i][-1]["content"],
-            "output": tokenizer.decode(plain_tokens[i] if plain_tokens else tokens[i]),
-        }
-        for i in range(min(3, len(token_prompts)))
-    ]
-    if settings.vllm:
-        with off_the_gpu(model, draft_model):  # the vLLM worker owns the GPU while it runs
-            vllm_dtype = vllm_eval_dtype(weight.device.type, weight.dtype)
-            results["vllm"] = _vllm_runs(draft_dir, verifier_name, token_prompts, settings, vllm_dtype)
-        for run in runs:
-            theirs = results["vllm"].get(run["name"])
-            if isinstance(theirs, dict) and theirs.get("acceptance_length"):
-                theirs["ours_acceptance_length"] = run["acceptance_length_global"]
-                theirs["difference"] = run["acceptance_length_global"] - theirs["acceptance_length"]
-                same = [a == b for a, b in zip(theirs.pop("token_ids"), outputs[run["name"]], strict=True)]
-                theirs["outputs_identical_to_ours"] = sum(same) / len(same)
-    if output_dir is not None:
-        write_results(results, Path(output_dir))
-    return results
+    return outputs
+
+
+def cross_check_vllm(
+    inputs: EvalInputs,
+    settings: EvalSettings,
+    runs: list[dict[str, Any]],
+    outputs: dict[str, list[list[int]]],
+) -> dict[str, Any]:
+    """The chains through vLLM, each set beside our engine's run: acceptance difference, identical outputs."""
+    weight = next(inputs.model.parameters())
+    with off_the_gpu(inputs.model, inputs.draft_model):  # the vLLM worker owns the GPU while it runs
+        vllm_dtype = vllm_eval_dtype(weight.device.type, weight.dtype)
+        vllm = _vllm_runs(inputs.draft_dir, inputs.verifier_name, inputs.token_prompts, settings, vllm_dtype)
+    for run in runs:
+        theirs = vllm.get(run["name"])
+        if isinstance(theirs, dict) and theirs.get("acceptance_length"):
+            theirs["ours_acceptance_length"] = run["acceptance_length_global"]
+            theirs["difference"] = run["acceptance_length_global"] - theirs["acceptance_length"]
+            same = [a == b for a, b in zip(theirs.pop("token_ids"), outputs[run["name"]], strict=True)]
+            theirs["outputs_identical_to_ours"] = sum(same) / len(same)
+    return vllm
 
 
 def _prompt_source(prompts: Any) -> str:
@@ -333,12 +407,7 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
     """``results.json`` (atomically: a temp file renamed into place) and the acceptance plot."""
     from speculators.eval.plot import plot_acceptance
 
-    output_dir.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{RESULTS_NAME}.", dir=output_dir)
-    with os.fdopen(handle, "w") as stream:
-        json.dump(results, stream, indent=2)
-        stream.write("\n")
-    os.replace(temp, output_dir / RESULTS_NAME)
+    atomic_write_json(output_dir / RESULTS_NAME, results, indent=2)
     plot_acceptance(results, output_dir / PLOT_NAME)
 
 

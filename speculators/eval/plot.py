@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from speculators.atomic import fsync_replace, temp_sibling
+
 
 def plot_acceptance(results: dict[str, Any], path: Path) -> Path:
     """Left: conditional per-position acceptance per run. Right: acceptance length (global and per-sample mean)
@@ -58,8 +60,11 @@ def plot_acceptance(results: dict[str, Any], path: Path) -> Path:
     right.legend(fontsize=8)
     fig.suptitle(f"{Path(str(results['draft'])).name} on {Path(str(results['verifier'])).name}", fontsize=10)
     fig.tight_layout()
-    temp = path.with_name(f".{path.name}.partial.png")
-    fig.savefig(temp, dpi=110)
-    plt.close(fig)
-    temp.replace(path)
+    temp = temp_sibling(path)
+    try:
+        fig.savefig(temp, dpi=110, format="png")
+        fsync_replace(temp, path)
+    finally:
+        plt.close(fig)
+        temp.unlink(missing_ok=True)
     return path

@@ -5,9 +5,9 @@ speculators directories that vLLM serves as they are, validated before they are 
 from speculators.export.convert import LAYOUTS, UnsupportedDraftError, convert_checkpoint, detect_layout
 from speculators.export.exporter import ExportResult, export_checkpoint
 from speculators.export.hub import push_checkpoint
-from speculators.export.run_dir import TrainerCheckpoint, locate_checkpoint
 from speculators.export.tensors import ExportWarning
 from speculators.export.writer import InvalidCheckpointError
+from speculators.runs import TrainerCheckpoint, locate_checkpoint
 
 __all__ = [
     "LAYOUTS",

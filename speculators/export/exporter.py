@@ -7,7 +7,6 @@ result is validated against the verifier's config before it is renamed into plac
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,12 @@ from speculators.export.model_card import (
     training_summary,
     validation_artifacts,
 )
-from speculators.export.run_dir import TrainerCheckpoint, locate_checkpoint, recipe_value, step_dirs
 from speculators.export.sources import read_config
 from speculators.export.tensors import ascending_aux_layers, detect_prefix, standard_tensors, unprefixed
 from speculators.export.writer import write_validated
 from speculators.format.config import Eagle3Config, ProposalMethod, VerifierRef
 from speculators.format.validate import Finding
+from speculators.runs import TrainerCheckpoint, list_checkpoints, locate_checkpoint, recipe_value
 from speculators.verifier import resolve_dtype, resolve_verifier_path
 
 EXPORT_DTYPES = ("bfloat16", "float32", "float16")
@@ -45,7 +44,7 @@ def load_verifier_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
     """``(resolved name_or_path, HF config dict)``; local directories are read as they are stored."""
     path = resolve_verifier_path(name_or_path)
     if Path(path, "config.json").is_file():
-        return str(Path(path).resolve()), json.loads(Path(path, "config.json").read_text())
+        return str(Path(path).resolve()), read_config(path)
     from speculators.verifier import verifier_config_dict
 
     try:
@@ -149,7 +148,7 @@ def read_trainer_weights(
 def _sibling_draft_config(checkpoint: TrainerCheckpoint) -> dict[str, Any] | None:
     if checkpoint.run_dir is None:
         return None
-    for step in reversed(step_dirs(checkpoint.run_dir)):
+    for _, step in reversed(list_checkpoints(checkpoint.run_dir)):
         if (step / "draft" / "config.json").is_file():
             return read_config(step / "draft")
     return None

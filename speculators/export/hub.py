@@ -6,12 +6,12 @@ object with the same three methods; tests pass a recorder, production code never
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speculators.format.checkpoint import read_config
 from speculators.format.validate import errors, validate_checkpoint
 
 
@@ -23,7 +23,7 @@ class PushResult:
 
 
 def default_commit_message(directory: Path) -> str:
-    config = json.loads((directory / "config.json").read_text())
+    config = read_config(directory)
     verifier = config.get("speculators_config", {}).get("verifier", {}).get("name_or_path", "?")
     return f"Upload EAGLE-3 draft for {verifier} (speculators format)"
 
@@ -48,9 +48,7 @@ def push_checkpoint(
         raise ValueError(
             f"refusing to push {directory}: it is not a valid speculators checkpoint:\n  {lines}"
         )
-    verifier = json.loads((directory / "config.json").read_text())["speculators_config"]["verifier"][
-        "name_or_path"
-    ]
+    verifier = read_config(directory)["speculators_config"]["verifier"]["name_or_path"]
     if not allow_local_verifier and (Path(verifier).is_absolute() or Path(verifier).exists()):
         raise ValueError(
             f"refusing to push {directory}: verifier.name_or_path is the local path {verifier!r}, which nobody else "

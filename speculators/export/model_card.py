@@ -429,7 +429,8 @@ def evaluation_section(evals: EvalArtifacts) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    seconds = float(seconds)
+    """``42 s``, ``4.0 min`` or ``2.50 h``: the one duration format (model cards, the trainer's console ETA)."""
+    seconds = max(0.0, float(seconds))
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:

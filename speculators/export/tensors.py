@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from speculators.export.sources import verifier_embedding
 from speculators.format.validate import expected_shapes
+from speculators.verifier import verifier_embedding
 
 # Stored names some producers use for layer 0 (vLLM accepts both; the standard is `layers.0.`).
 LAYER0_ALIASES = ("midlayer.",)

@@ -95,10 +95,20 @@ def load_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """``config.json`` of a model directory (a draft in any layout, or a verifier) as a dict: the one reader, with
+    errors that name the file."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} does not exist: every model directory (draft or verifier) needs a config.json"
+        )
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); fix or regenerate it") from exc
+
+
 def load_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``(config dict, tensors)`` of a checkpoint directory, without validation (see ``validate_checkpoint``)."""
-    directory = Path(directory)
-    config_path = directory / "config.json"
-    if not config_path.exists():
-        raise FileNotFoundError(f"{config_path} does not exist: is {directory} a speculators checkpoint?")
-    return json.loads(config_path.read_text()), load_tensors(directory)
+    return read_config(directory), load_tensors(directory)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from speculators.format.checkpoint import read_config
 from speculators.format.validate import errors, validate_checkpoint
 
 
@@ -25,8 +25,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verifier:
         from speculators.verifier import resolve_verifier_path
 
-        with open(f"{resolve_verifier_path(args.verifier)}/config.json") as handle:
-            verifier_config = json.load(handle)
+        verifier_config = read_config(resolve_verifier_path(args.verifier))
     findings = validate_checkpoint(args.directory, verifier_config)
     for finding in findings:
         print(finding)

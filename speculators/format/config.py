@@ -1,6 +1,6 @@
 """Typed classes for the speculators ``config.json`` of an EAGLE-3 draft.
 
-The field names and defaults follow what vLLM and the ``speculators`` library read (see FORMAT.md). Where the two
+The field names and defaults follow what vLLM and the ``speculators`` library read (see docs/format.md). Where the two
 consumers disagree on a default (``norm_before_residual``, ``transformer_layer_config.model_type``), we always write
 the value explicitly so neither has to guess.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from speculators import __version__
+from speculators.format.checkpoint import read_config
 
 # Keys of the verifier's HF config that the draft layer must copy so that positions are encoded identically.
 LAYER_KEYS_FROM_VERIFIER = (
@@ -72,7 +73,7 @@ class SpeculatorsConfig:
 def rope_settings(verifier_config: dict[str, Any]) -> dict[str, Any]:
     """The verifier's rope settings in the legacy keys (``rope_theta``, ``rope_scaling``) that every consumer reads.
 
-    transformers 5 folds both into ``rope_parameters``; older readers (and FORMAT.md) expect the legacy keys.
+    transformers 5 folds both into ``rope_parameters``; older readers (and docs/format.md) expect the legacy keys.
     """
     params = dict(verifier_config.get("rope_parameters") or {})
     theta = verifier_config.get("rope_theta", params.pop("rope_theta", None))
@@ -226,7 +227,7 @@ class Eagle3Config:
 
     @classmethod
     def load(cls, directory: str | Path) -> Eagle3Config:
-        return cls.from_dict(json.loads((Path(directory) / "config.json").read_text()))
+        return cls.from_dict(read_config(directory))
 
 
 def default_aux_layer_ids(num_verifier_layers: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""The validator: every rule vLLM and the ``speculators`` library enforce on an EAGLE-3 checkpoint (FORMAT.md).
+"""The validator: every rule vLLM and the ``speculators`` library enforce on an EAGLE-3 checkpoint (docs/format.md).
 
 Each rule yields one ``Finding`` that names the file, what is wrong, and the fix. ``error`` findings make a
 checkpoint unservable by at least one consumer; ``warning`` findings are legal but surprising.

@@ -1,6 +1,6 @@
 """The EAGLE-3 draft model: one (or more) Llama- or Qwen3-style decoder layers over the verifier's features.
 
-Read top to bottom, this file is the whole architecture. Per position t (see ALGORITHMS.md):
+Read top to bottom, this file is the whole architecture. Per position t (see docs/algorithms.md):
 
     g_t      = fc(concat(aux states of the verifier))                  (step 0) or the draft's own h (later steps)
     x        = concat(input_layernorm(embed(token_{t+1})), hidden_norm(g_t))     -> q/k/v of layer 0 are 2H wide

@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-# Facts measured on CPU (ENVIRONMENT.md): in-process engine starts in 5-7 s instead of 25-42 s; nothing may reach
+# Facts measured on CPU (docs/environment.md): in-process engine starts in 5-7 s instead of 25-42 s; nothing may reach
 # a hub; per-step stats must be on for the speculative-decoding counters.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,6 +1,6 @@
 """Drafts for SmolLM2 written by our format library, and ONE vLLM worker run that serves all of them.
 
-Deterministic acceptance (FORMAT.md "Testing a checkpoint end to end"): a copy of SmolLM2 whose final
+Deterministic acceptance (docs/format.md "Serving and deterministic end-to-end checks"): a copy of SmolLM2 whose final
 ``model.norm.weight`` is zero has all-zero logits, so greedy decoding always emits token 0 (its ``<unk>``, not a stop
 token; the runs also set ``ignore_eos``). A draft whose ``norm.weight`` is zero always proposes draft id 0. With
 ``d2t[0] == 0`` every proposal is accepted; with every offset shifted by one, draft id 0 means token 1 and none is.
@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from speculators.format import Eagle3Config
+from speculators.format.checkpoint import read_config
 from speculators.models import Eagle3DraftModel
-from speculators.verifier import read_config_json
 from speculators.vocab import DraftVocab, build_draft_vocab
 
 DRAFT_VOCAB = 8192
@@ -57,7 +57,7 @@ def build_smollm2_draft(
     """A random EAGLE-3 draft for SmolLM2 with the verifier's real embedding copied in."""
     torch.manual_seed(seed)
     config = Eagle3Config.from_verifier(
-        read_config_json(smollm2_dir),
+        read_config(smollm2_dir),
         str(verifier_ref),
         draft_vocab_size=DRAFT_VOCAB,
         speculative_tokens=SPECULATIVE_TOKENS,
@@ -134,7 +134,7 @@ def vllm_runs(
 ):
     """Every configuration in ONE vLLM worker process (vLLM imported once, engines one after another).
 
-    fp32 for the greedy comparisons (bf16 batch numerics change some greedy tokens, ENVIRONMENT.md); the
+    fp32 for the greedy comparisons (bf16 batch numerics change some greedy tokens, docs/environment.md); the
     deterministic-acceptance runs use bf16, vLLM's serving dtype, since zero logits are exact in any dtype.
     """
     from speculators.serving import VllmRequest, eagle3_speculative_config, run_vllm

@@ -24,14 +24,15 @@ from typing import Any
 import pytest
 import torch
 
-from speculators.decoding import quickfit  # the quick-fit mini trainer: imported in this one place only
 from speculators.decoding.engine import DecodingConfig, SpeculativeDecoder
 from speculators.export import convert_checkpoint
 from speculators.format.config import Eagle3Config, default_aux_layer_ids
 from speculators.models import Eagle3DraftModel
-from speculators.verifier import build_tiny_verifier
 from tests.export.conftest import write_eagle3_original, write_specforge
 from tests.export.test_convert import make_old_speculators
+from tests.support import quickfit  # the quick-fit mini trainer: imported in this one place only
+from tests.support.verifiers import build_tiny_verifier
+from train.targets import TargetHead
 
 pytestmark = [
     pytest.mark.consumer,
@@ -80,7 +81,9 @@ def fit(verifier_dir: Path, prompts: list[list[int]], norm_before_residual: bool
     verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
     aux_ids = default_aux_layer_ids(verifier.config.num_hidden_layers)
     data = quickfit.collect(verifier, prompts, aux_ids, NEW_TOKENS)
-    draft, _ = quickfit.init_draft(verifier, str(verifier_dir), data, DRAFT_VOCAB, aux_ids)
+    vocab_size = verifier.config.vocab_size
+    vocab = quickfit.draft_vocabulary(data, vocab_size, min(DRAFT_VOCAB, vocab_size))
+    draft = quickfit.init_draft(verifier, str(verifier_dir), vocab, aux_ids)
     if draft.config.norm_before_residual != norm_before_residual:  # same start, the other layer-0 residual
         config = Eagle3Config.from_dict(
             {**draft.config.to_dict(), "norm_before_residual": norm_before_residual}
@@ -88,7 +91,7 @@ def fit(verifier_dir: Path, prompts: list[list[int]], norm_before_residual: bool
         rebuilt = Eagle3DraftModel(config)
         rebuilt.load_state_dict(draft.state_dict())
         draft = rebuilt
-    quickfit.fit_steps(draft, data, steps)
+    quickfit.fit_steps(draft, TargetHead.from_model(verifier, vocab.target_ids), data, steps)
     decoder = SpeculativeDecoder(
         verifier, draft, DecodingConfig(method="chain", num_speculative_tokens=K, max_new_tokens=NEW_TOKENS)
     )

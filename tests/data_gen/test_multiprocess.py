@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,14 +11,9 @@ import torch
 
 from data_gen.store import FeatureDataset, read_manifest, read_token_counts
 from tests.data_gen.conftest import chat_records, write_jsonl
+from train.assemble import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(processes: int, verifier: Path, source: Path, out: Path, tmp: Path) -> subprocess.CompletedProcess:
@@ -33,7 +27,7 @@ def launch(processes: int, verifier: Path, source: Path, out: Path, tmp: Path) -
         f"data_gen.output_dir={out}",
         "data_gen.shard_size=3",
         "data_gen.batch_size=2",
-        f"hydra.run.dir={tmp / 'hydra'}",  # one dir for all ranks (ENVIRONMENT.md)
+        f"hydra.run.dir={tmp / 'hydra'}",  # one dir for all ranks (docs/environment.md)
     ]
     if processes == 1:
         command = [sys.executable, "data_gen/run.py", *overrides]

@@ -158,7 +158,7 @@ def test_changed_settings_on_the_same_output_dir_are_refused(finished, tiny_llam
 def test_bad_inputs_are_refused_before_anything_is_written(
     tiny_llama_dir, chats, smollm2_tokenizer, tmp_path
 ):
-    from speculators.verifier import build_tiny_verifier
+    from tests.support.verifiers import build_tiny_verifier
 
     out = tmp_path / "data"
     with pytest.raises(ValueError, match=r"aux layer ids \[9\] are outside \[0, 8\]"):

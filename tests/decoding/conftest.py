@@ -30,7 +30,7 @@ def tiny_model(vocab_size: int = 512, seed: int = 0, arch: str = "llama", **over
     """A random fp32 verifier held in memory (sdpa attention)."""
     from transformers import AutoModelForCausalLM
 
-    from speculators.verifier import tiny_verifier_config
+    from tests.support.verifiers import tiny_verifier_config
 
     torch.manual_seed(seed)
     config = tiny_verifier_config(arch, vocab_size=vocab_size, **overrides)
@@ -77,7 +77,7 @@ def tiny_llama(tiny_llama_dir):
 def fitted_llama_draft(tiny_llama, chat_prompts):
     """A draft briefly fitted to the tiny Llama's greedy continuations of the first 8 prompts: high acceptance on
     those, lower on the rest, so a batch mixes rows that accept very different numbers of tokens."""
-    from speculators.decoding.quickfit import fit_draft
+    from tests.support.quickfit import fit_draft
 
     with single_thread():
         draft, report = fit_draft(

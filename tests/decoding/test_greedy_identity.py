@@ -94,7 +94,7 @@ def test_rows_stopping_at_eos_match_plain(tiny_llama, fitted_llama_draft, prompt
 
 
 def agreeing_pair(verifier):
-    """FORMAT.md's deterministic check: a verifier with a zeroed final norm always emits token 0, a draft with a
+    """docs/format.md's deterministic check: a verifier with a zeroed final norm always emits token 0, a draft with a
     zeroed norm always proposes its draft id 0, and d2t[0] = 0 maps it to token 0: everything is accepted."""
     verifier = copy.deepcopy(verifier)
     with torch.no_grad():

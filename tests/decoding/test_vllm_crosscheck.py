@@ -18,8 +18,9 @@ TOLERANCE = 0.02  # relative difference of the acceptance lengths (measured here
 
 @pytest.fixture(scope="module")
 def served_pair(tmp_path_factory, smollm2_tokenizer, chat_prompts):
-    from speculators.decoding.quickfit import fit_draft
-    from speculators.verifier import build_tiny_verifier, load_verifier
+    from speculators.verifier import load_verifier
+    from tests.support.quickfit import fit_draft
+    from tests.support.verifiers import build_tiny_verifier
 
     root = tmp_path_factory.mktemp("vllm-crosscheck")
     verifier_dir = build_tiny_verifier(

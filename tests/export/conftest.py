@@ -13,9 +13,10 @@ import yaml
 from safetensors.torch import save_file
 
 from speculators.format import Eagle3Config
+from speculators.format.checkpoint import read_config
 from speculators.models import Eagle3DraftModel
-from speculators.verifier import build_tiny_verifier, read_config_json
 from speculators.vocab import build_draft_vocab
+from tests.support.verifiers import build_tiny_verifier
 
 DRAFT_VOCAB = 512
 
@@ -31,7 +32,7 @@ def build_draft(
     """A random fp32 draft for ``verifier_dir`` (norm weights random too, not the init ones) whose draft
     vocabulary surely keeps ``keep_token`` / surely leaves out ``drop_token``."""
     torch.manual_seed(seed)
-    verifier = read_config_json(verifier_dir)
+    verifier = read_config(verifier_dir)
     config = Eagle3Config.from_verifier(
         verifier, str(verifier_dir), draft_vocab_size=draft_vocab_size, **kwargs
     )

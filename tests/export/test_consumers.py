@@ -1,7 +1,7 @@
 """Proof that exports and conversions serve as they are: vLLM on CPU (auto mode from the draft directory, and the
 verifier with an explicit speculative_config) reads them and reports the acceptance the weights imply.
 
-Deterministic acceptance (FORMAT.md): the verifier's final norm is zeroed, so its logits are all zero and greedy
+Deterministic acceptance (docs/format.md): the verifier's final norm is zeroed, so its logits are all zero and greedy
 decoding always emits token 0; each draft's norm is zeroed, so it always proposes its draft id 0. When d2t sends
 draft id 0 to token 0 every proposal is accepted (mean acceptance length k + 1); when the vocabulary leaves token
 0 out, none is (1.0). Anything misread (names, d2t offsets, the config) breaks one of these numbers.
@@ -18,7 +18,6 @@ from safetensors.torch import load_file, save_file
 from speculators.cli import main as cli_main
 from speculators.export import convert_checkpoint, export_checkpoint
 from speculators.format import load_checkpoint
-from speculators.verifier import build_tiny_verifier
 from tests.export.conftest import (
     SERVABLE_SHAPE,
     build_draft,
@@ -26,6 +25,7 @@ from tests.export.conftest import (
     write_eagle3_original,
     write_specforge,
 )
+from tests.support.verifiers import build_tiny_verifier
 
 pytestmark = [
     pytest.mark.consumer,

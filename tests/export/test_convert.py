@@ -18,12 +18,12 @@ from speculators.export import (
     convert_checkpoint,
     detect_layout,
 )
-from speculators.export.sources import read_config, read_weights, verifier_embedding
+from speculators.export.sources import read_config, read_weights
 from speculators.export.writer import InvalidCheckpointError
 from speculators.format import load_checkpoint, validate_checkpoint
 from speculators.format.validate import errors
 from speculators.models import Eagle3DraftModel
-from speculators.verifier import build_tiny_verifier
+from speculators.verifier import verifier_embedding
 from tests.export.conftest import (
     build_draft,
     draft_logits,
@@ -31,6 +31,7 @@ from tests.export.conftest import (
     write_eagle3_original,
     write_specforge,
 )
+from tests.support.verifiers import build_tiny_verifier
 
 LLAMA3_SCALING = {
     "rope_type": "llama3",

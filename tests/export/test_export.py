@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from speculators.cli import main as cli_main
-from speculators.export import ExportWarning, InvalidCheckpointError, export_checkpoint, locate_checkpoint
+from speculators.export import ExportWarning, InvalidCheckpointError, export_checkpoint
 from speculators.format import load_checkpoint, validate_checkpoint
 from speculators.format.validate import errors
 from speculators.models import Eagle3DraftModel
@@ -121,36 +121,6 @@ def test_card_shows_what_speculators_eval_measured(tmp_path, verifier_dir, draft
     evaluate(out, prompts=chats, settings=settings, output_dir=run / "eval")
     assert cli_main([*argv[:3], "--eval-results", str(run / "eval" / "results.json")]) == 0
     assert (out / "README.md").read_text().count("Measured by `speculators eval`") == 1
-
-
-@pytest.mark.parametrize("style", ["run-relative", "checkpoints-relative", "absolute", "step-only"])
-def test_best_json_path_styles(tmp_path, verifier_dir, drafts, style):
-    paths = {
-        "run-relative": "checkpoints/step-10",
-        "checkpoints-relative": "step-10",
-        "absolute": str(tmp_path / "run" / "checkpoints" / "step-10"),
-        "step-only": "",
-    }
-    run = make_run(tmp_path / "run", str(verifier_dir), {10: drafts[10], 30: drafts[30]}, 10, paths[style])
-    checkpoint = locate_checkpoint(run)
-    assert (checkpoint.step, checkpoint.selected_by) == (10, "best")
-
-
-def test_without_best_the_latest_complete_checkpoint_is_exported(tmp_path, verifier_dir, drafts):
-    run = make_run(tmp_path / "run", str(verifier_dir), {10: drafts[10], 30: drafts[30]})
-    (run / "checkpoints" / "step-40").mkdir()  # an interrupted save: no draft/, no state/
-    checkpoint = locate_checkpoint(run)
-    assert (checkpoint.step, checkpoint.selected_by) == (30, "latest")
-    (run / "checkpoints" / "best.json").write_text(json.dumps({"step": 99, "path": "checkpoints/step-99"}))
-    assert locate_checkpoint(run).step == 30  # best.json points at a deleted checkpoint
-
-
-def test_step_and_draft_directories_are_sources_too(run_dir):
-    step = run_dir / "checkpoints" / "step-30"
-    assert locate_checkpoint(step).step == 30 and locate_checkpoint(step).run_dir == run_dir.resolve()
-    assert locate_checkpoint(step / "draft").step == 30
-    with pytest.raises(FileNotFoundError, match="neither a run directory"):
-        locate_checkpoint(run_dir / "eval")
 
 
 def test_fp32_export_round_trip_is_exact(run_dir, drafts, tmp_path):

@@ -11,18 +11,13 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
 import sys
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from train.assemble import free_port
 
 
 class Wrapper(nn.Module):

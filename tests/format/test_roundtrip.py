@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from speculators.format import Eagle3Config, load_checkpoint, validate_checkpoint
+from speculators.format.checkpoint import read_config
 from speculators.format.validate import errors, expected_shapes
 from speculators.models import Eagle3DraftModel
-from speculators.verifier import read_config_json
 from speculators.vocab import build_draft_vocab
 
 
 def build_draft(verifier_dir, draft_vocab_size: int = 1024, seed: int = 0, **kwargs) -> Eagle3DraftModel:
     torch.manual_seed(seed)
-    verifier = read_config_json(verifier_dir)
+    verifier = read_config(verifier_dir)
     config = Eagle3Config.from_verifier(
         verifier, str(verifier_dir), draft_vocab_size=draft_vocab_size, **kwargs
     )

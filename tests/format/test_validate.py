@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from speculators.cli import main as cli_main
 from speculators.format import validate_checkpoint
+from speculators.format.checkpoint import read_config
 from speculators.format.validate import errors
-from speculators.verifier import read_config_json
 
 from .test_roundtrip import build_draft
 
@@ -44,12 +44,12 @@ def mutate(
 
 
 def error_text(directory: Path, verifier_dir: Path) -> str:
-    found = errors(validate_checkpoint(directory, read_config_json(verifier_dir)))
+    found = errors(validate_checkpoint(directory, read_config(verifier_dir)))
     return "\n".join(str(f) for f in found)
 
 
 def test_good_checkpoint_has_no_findings(good_checkpoint, tiny_llama_dir):
-    assert validate_checkpoint(good_checkpoint, read_config_json(tiny_llama_dir)) == []
+    assert validate_checkpoint(good_checkpoint, read_config(tiny_llama_dir)) == []
     assert cli_main(["validate", str(good_checkpoint), "--verifier", str(tiny_llama_dir)]) == 0
 
 

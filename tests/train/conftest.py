@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO_ROOT
+from train.assemble import free_port
 
 VOCAB = 512
 NUM_SAMPLES = 8
@@ -26,7 +27,7 @@ def build_sharp_verifier(directory: Path, seed: int = 0) -> Path:
     """A random 6-layer Llama (hidden 64, vocab 512) whose lm_head is scaled so its distributions are peaked."""
     from transformers import AutoModelForCausalLM
 
-    from speculators.verifier import tiny_verifier_config
+    from tests.support.verifiers import tiny_verifier_config
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_verifier_config("llama", vocab_size=VOCAB))
@@ -168,14 +169,6 @@ def accelerate_launch(num_processes: int, args: list[str], tmp: Path, **popen) -
     if num_processes > 1:
         cmd += ["--multi_gpu", "--main_process_port", str(free_port())]
     return cmd + [str(REPO_ROOT / "train" / "run.py"), *args]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_launch(

@@ -7,8 +7,8 @@ import json
 
 from speculators.format.validate import errors, validate_checkpoint
 from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.runs import list_checkpoints, read_best, resolve_draft_dir
 from tests.train.conftest import compose, tiny_overrides
-from train.checkpointing import list_checkpoints, read_best, resolve_draft_dir
 from train.trainer import train
 
 

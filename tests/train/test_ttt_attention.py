@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.memory import peak_memory_of
+from tests.support.memory import peak_memory_of
 from train.ttt_attention import (
     TTTAttention,
     chunked_ttt_attention,
@@ -111,7 +111,7 @@ def test_chunked_memory_grows_linearly_dense_quadratically():
 def tiny_draft(num_layers: int = 2):
     from speculators.format.config import Eagle3Config
     from speculators.models.eagle3 import Eagle3DraftModel
-    from speculators.verifier import tiny_verifier_config
+    from tests.support.verifiers import tiny_verifier_config
 
     verifier = tiny_verifier_config("llama", vocab_size=128).to_dict()
     config = Eagle3Config.from_verifier(verifier, "tiny", draft_vocab_size=64, num_layers=num_layers)

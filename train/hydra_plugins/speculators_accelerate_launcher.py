@@ -13,7 +13,6 @@ It lives in the ``hydra_plugins`` namespace because Hydra only instantiates laun
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -24,17 +23,13 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from train.assemble import free_port
+
 
 def accelerate_command() -> list[str]:
     """The ``accelerate`` console script of this interpreter's environment."""
     script = Path(sys.executable).with_name("accelerate")
     return [str(script)] if script.exists() else [shutil.which("accelerate") or "accelerate"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class AccelerateLauncher(Launcher):
