@@ -41,6 +41,7 @@ from train.assemble import (
     lr_at,
     make_accelerator,
     make_optimizer,
+    outside_zero3_init,
     scale_fc_by_feature_rms,
     set_lr,
 )
@@ -158,7 +159,8 @@ class Trainer:
             from data_gen.capture import FeatureCapture
             from speculators.verifier import load_verifier
 
-            verifier, tokenizer = load_verifier(self.verifier_name, cfg.verifier.dtype, self.device)
+            with outside_zero3_init(self.accelerator):  # frozen: whole weights, not ZeRO-3 partitions
+                verifier, tokenizer = load_verifier(self.verifier_name, cfg.verifier.dtype, self.device)
             capture = FeatureCapture(verifier, cfg.verifier.aux_layer_ids, out_dtype=None)
             self.aux_layer_ids = capture.aux_layer_ids
             train_samples, heldout_samples = encode_conversations(cfg.data, tokenizer)
