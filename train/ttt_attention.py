@@ -210,9 +210,12 @@ def _compiled(name: str, backend: str | None) -> Callable:
 
 def limit_flex_recompiles(variants: int) -> None:
     """Allow exactly ``variants`` compiled shapes per function and make one more an error, never a silent fallback
-    to the dense kernel. ``recompile_limit`` is ``cache_size_limit`` in older torch."""
+    to the dense kernel. ``recompile_limit`` is ``cache_size_limit`` in older torch. Compiled code of earlier runs
+    in this process (a Hydra sweep's previous job, with other shapes) is dropped first: it would count too."""
+    import torch._dynamo
     import torch._dynamo.config as dynamo_config
 
+    torch._dynamo.reset()
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     setattr(dynamo_config, name, int(variants))
     dynamo_config.fail_on_recompile_limit_hit = True
