@@ -144,6 +144,15 @@ def test_sigkill_and_resume_gives_identical_weights(zero2_run, sharp_verifier, t
 BF16 = ("train.dtype=bf16",)
 
 
+def test_recipe_dtype_is_forced_on_cpu_too():
+    from train.assemble import compute_dtype
+
+    assert compute_dtype("auto") == torch.float32  # no CUDA here
+    assert compute_dtype("bf16") == compute_dtype("bfloat16") == torch.bfloat16
+    with pytest.raises(ValueError, match="fp16 needs loss scaling"):
+        compute_dtype("fp16")
+
+
 @pytest.fixture(scope="module")
 def one_process_bf16_run(sharp_verifier, tiny_data, tmp_path_factory) -> Path:
     """The bf16 reference: 1 process under DeepSpeed ZeRO-2 (bf16 weights, fp32 master copy), global batch 4."""

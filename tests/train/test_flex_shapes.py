@@ -21,7 +21,7 @@ import torch
 from tests.train.conftest import compose, tiny_overrides
 from train.data import row_buckets, run_loader
 from train.trainer import Trainer, reset_distributed
-from train.ttt_attention import TTTAttention, flex_shape_variants
+from train.ttt_attention import TTTAttention, dense_ttt_attention, flex_shape_variants
 
 BACKEND = "aot_eager"
 
@@ -32,7 +32,9 @@ def cache_entries(fn) -> int:
     return len(_debug_get_cache_entry_list(fn.__code__))
 
 
-def unroll_attention(trainer: Trainer, document_ids: torch.Tensor, steps: int) -> None:
+def unroll_attention(
+    trainer: Trainer, document_ids: torch.Tensor, steps: int, check_values: bool = True
+) -> None:
     """One TTT unroll's attention calls with the draft's q/k/v shapes and dtype (every layer, every step)."""
     layers = trainer.accelerator.unwrap_model(trainer.model).draft.layers
     attn = layers[0].self_attn
@@ -40,11 +42,18 @@ def unroll_attention(trainer: Trainer, document_ids: torch.Tensor, steps: int) -
     rows, length = document_ids.shape
     with torch.no_grad():  # (flex refuses to be set up for training on CPU)
         attend = TTTAttention(document_ids, "flex", total_steps=steps, compile_backend=BACKEND)
+    keys = {layer: [] for layer in range(len(layers))}
+    values = {layer: [] for layer in range(len(layers))}
     for _ in range(steps):
         for layer in range(len(layers)):
             q = torch.randn(rows, attn.num_heads, length, attn.head_dim, dtype=dtype)
             k, v = torch.randn(2, rows, attn.num_kv_heads, length, attn.head_dim, dtype=dtype)
-            assert attend(layer, q, k, v).shape == q.shape
+            keys[layer].append(k)
+            values[layer].append(v)
+            out = attend(layer, q, k, v)
+            if check_values:  # the compiled path (padded keys, tensor step index) against the dense reference
+                reference = dense_ttt_attention(q, keys[layer], values[layer], document_ids)
+                torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture
