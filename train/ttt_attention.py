@@ -210,15 +210,28 @@ def _compiled(name: str, backend: str | None) -> Callable:
 
 def limit_flex_recompiles(variants: int) -> None:
     """Allow exactly ``variants`` compiled shapes per function and make one more an error, never a silent fallback
-    to the dense kernel. ``recompile_limit`` is ``cache_size_limit`` in older torch. Compiled code of earlier runs
-    in this process (a Hydra sweep's previous job, with other shapes) is dropped first: it would count too."""
+    to the dense kernel. The names differ by torch version (``recompile_limit``/``fail_on_recompile_limit_hit``,
+    formerly ``cache_size_limit``/``fail_on_cache_limit_hit``); ``suppress_errors`` would swallow the error. Compiled
+    code of earlier runs in this process (a Hydra sweep's previous job, with other shapes) is dropped first: it
+    would count too."""
     import torch._dynamo
     import torch._dynamo.config as dynamo_config
 
+    for limit, fail in (
+        ("recompile_limit", "fail_on_recompile_limit_hit"),
+        ("cache_size_limit", "fail_on_cache_limit_hit"),
+    ):
+        if hasattr(dynamo_config, limit) and hasattr(dynamo_config, fail):
+            break
+    else:
+        raise RuntimeError(
+            f"torch {torch.__version__} cannot make dynamo's recompile limit fatal; compiled flex attention would "
+            "fall back silently to a dense kernel past it. Use torch >= 2.6, or train.attention_backend=chunked"
+        )
     torch._dynamo.reset()
-    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    setattr(dynamo_config, name, int(variants))
-    dynamo_config.fail_on_recompile_limit_hit = True
+    setattr(dynamo_config, limit, int(variants))
+    setattr(dynamo_config, fail, True)
+    dynamo_config.suppress_errors = False
 
 
 def flex_shape_variants(row_shapes: int) -> int:
