@@ -20,6 +20,8 @@ THE CONTRACT with the trainer (train/ reads exactly this; bump ``FORMAT_VERSION`
                                               manifest["aux_layer_ids"] (vLLM convention), concatenated in that order,
         "last_hidden": FloatTensor [T, H]     output of the last decoder layer BEFORE the final norm,
     }
+    FeatureDataset(split_dir, dequantize=False)[i] keeps the features as stored (bf16, or fp8 plus float32
+        "aux_scale" [T, n] / "last_scale" [T, 1]) for a consumer that dequantises later, on its device.
     FeatureDataset(split_dir).manifest -> dict with at least: aux_layer_ids, layer_convention, num_hidden_layers,
         hidden_size, vocab_size, storage_dtype, verifier {name_or_path, architectures, fingerprint},
         tokenizer {fingerprint, ...}, num_samples, num_tokens, num_loss_tokens, shards [...].
@@ -37,7 +39,9 @@ Writing: each shard goes to a temporary name, is hashed (sha256), fsynced and re
 ``shard-XXXXX.json`` (sample ids, token counts, sha256, bytes) is written the same way. A shard counts as done only
 when its record exists and its sha256 matches, so a run killed at any point resumes at the first missing shard and
 never duplicates or loses a sample. Rank 0 merges the records into ``manifest.json`` once all shards exist. The
-reader checks every shard's sha256 the first time it opens it (a corrupted shard raises CorruptShardError).
+reader checks every shard's sha256 once per process, the first time it opens it or up front with
+``verify_shards()`` before DataLoader workers start (they inherit the result instead of re-hashing); a corrupted
+shard raises CorruptShardError.
 """
 
 from __future__ import annotations
@@ -322,14 +326,17 @@ def read_manifest(split_dir: str | Path) -> dict[str, Any]:
 class FeatureDataset(Dataset):
     """The samples of one split directory (``<output_dir>/train`` or ``/heldout``), see the module contract.
 
-    Shards are memory-mapped lazily (one open shard per process, so DataLoader workers each open their own) and
-    each shard's sha256 is checked the first time this process opens it (``verify=False`` skips that).
+    Shards are memory-mapped lazily (one open shard per process, so DataLoader workers each open their own). Each
+    shard's sha256 is checked once: the first time this process opens it, or all at once by :meth:`verify_shards`
+    in the main process, whose result DataLoader workers inherit (``verify=False`` skips it). ``dequantize=False``
+    returns the features in their storage dtype (see the module contract).
     """
 
-    def __init__(self, split_dir: str | Path, verify: bool = True) -> None:
+    def __init__(self, split_dir: str | Path, verify: bool = True, dequantize: bool = True) -> None:
         self.split_dir = Path(split_dir)
         self.manifest = read_manifest(self.split_dir)
         self.verify = verify
+        self.dequantize = dequantize
         self._index: list[tuple[int, int]] = []  # global item -> (shard position, sample within shard)
         self._ids: list[str] = []
         for position, shard in enumerate(self.manifest["shards"]):
@@ -338,6 +345,33 @@ class FeatureDataset(Dataset):
                 self._ids.append(sample_id)
         self._verified: set[int] = set()
         self._open: tuple[int, Any, torch.Tensor] | None = None
+
+    def verify_shards(self, items: Sequence[int] | None = None) -> None:
+        """Hash now every shard holding ``items`` (default: all) that this process has not checked yet.
+
+        Called before DataLoader workers start, so they inherit the verified set: each shard is read for its
+        hash once per rank, not once per worker."""
+        positions = (
+            range(len(self.manifest["shards"])) if items is None else {self._index[i][0] for i in items}
+        )
+        for position in sorted(positions):
+            self._check(position)
+
+    def _check(self, position: int) -> Path:
+        record = self.manifest["shards"][position]
+        path = self.split_dir / record["file"]
+        if not path.exists():
+            raise CorruptShardError(
+                f"{path} is missing; rerun data_gen on {self.split_dir.parent} to rebuild it"
+            )
+        if self.verify and position not in self._verified:
+            if path.stat().st_size != record["bytes"] or sha256_file(path) != record["sha256"]:
+                raise CorruptShardError(
+                    f"{path} is corrupted (sha256 differs from the manifest). Delete it and "
+                    f"{record_name(record['index'])}, then rerun data_gen with the same recipe to rebuild it"
+                )
+            self._verified.add(position)
+        return path
 
     def __len__(self) -> int:
         return len(self._index)
@@ -358,19 +392,7 @@ class FeatureDataset(Dataset):
     def _shard(self, position: int) -> tuple[Any, torch.Tensor]:
         if self._open is not None and self._open[0] == position:
             return self._open[1], self._open[2]
-        record = self.manifest["shards"][position]
-        path = self.split_dir / record["file"]
-        if not path.exists():
-            raise CorruptShardError(
-                f"{path} is missing; rerun data_gen on {self.split_dir.parent} to rebuild it"
-            )
-        if self.verify and position not in self._verified:
-            if path.stat().st_size != record["bytes"] or sha256_file(path) != record["sha256"]:
-                raise CorruptShardError(
-                    f"{path} is corrupted (sha256 differs from the manifest). Delete it and "
-                    f"{record_name(record['index'])}, then rerun data_gen with the same recipe to rebuild it"
-                )
-            self._verified.add(position)
+        path = self._check(position)
         handle = safe_open(str(path), framework="pt")
         offsets = handle.get_tensor("offsets")
         self._open = (position, handle, offsets)
@@ -387,15 +409,20 @@ class FeatureDataset(Dataset):
         def rows(name: str) -> torch.Tensor:
             return handle.get_slice(name)[start:stop]
 
-        aux = dequantize(rows("aux_hidden"), rows("aux_scale") if "aux_scale" in keys else None)
-        last = dequantize(rows("last_hidden"), rows("last_scale") if "last_scale" in keys else None)
-        return {
+        sample = {
             "sample_id": self._ids[item],
             "input_ids": rows("input_ids").long(),
             "loss_mask": rows("loss_mask").bool(),
-            "aux_hidden": aux,
-            "last_hidden": last,
         }
+        for name, scale_name in (("aux_hidden", "aux_scale"), ("last_hidden", "last_scale")):
+            values, scale = rows(name), rows(scale_name) if scale_name in keys else None
+            if self.dequantize:
+                sample[name] = dequantize(values, scale)
+            else:
+                sample[name] = values
+                if scale is not None:
+                    sample[scale_name] = scale
+        return sample
 
 
 def read_token_counts(output_dir: str | Path) -> tuple[torch.Tensor, dict[str, Any]]:

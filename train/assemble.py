@@ -18,6 +18,8 @@ import importlib
 import math
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,32 @@ def ensure_launcher_env() -> None:
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
     )
+
+
+@contextmanager
+def outside_zero3_init(accelerator) -> Iterator[None]:
+    """A context in which transformers' ``from_pretrained`` builds whole, unpartitioned parameters.
+
+    Under ZeRO-3 accelerate registers its DeepSpeed config with transformers, whose ``from_pretrained`` then
+    creates every model inside ``deepspeed.zero.Init``, partitioned across ranks. Only the engine-wrapped draft
+    gets the hooks that gather them, so a frozen model loaded there (the online verifier) would run on empty
+    shards. accelerate's ``zero3_init_context_manager(enable=False)`` does not help (accelerate 1.15 re-registers
+    the config even with the flag off), so the registration itself is lifted here and restored afterwards.
+    No-op without DeepSpeed."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    flag, plugin.zero3_init_flag = plugin.zero3_init_flag, False
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.zero3_init_flag = flag
+        if getattr(plugin, "dschf", None) is not None:
+            set_hf_deepspeed_config(plugin.dschf)
 
 
 def deepspeed_config(cfg: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -257,5 +285,6 @@ __all__ = [
     "lr_at",
     "make_accelerator",
     "make_optimizer",
+    "outside_zero3_init",
     "set_lr",
 ]

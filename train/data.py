@@ -10,9 +10,12 @@ features.
   are packed first-fit into rows of at most ``max_length`` tokens (``packing=true``) or one per row, padded to the
   longest row. ``document_ids`` (−1 on padding) keep attention and targets inside each document; position ids
   restart at 0 in every document.
+  With compiled flex attention the shape is fixed: width ``max_length``, rows rounded up to :func:`row_buckets`.
 * Feature noise (``train.noise_std``) is drawn per training document from ``(seed, epoch, sample index)``: the same
-  on any number of processes and after any resume, without relying on RNG state.
-* Offline: samples come from :class:`data_gen.store.FeatureDataset` with their features. Online: from
+  on any number of processes and after any resume, without relying on RNG state. It is added on the device, in
+  :meth:`MicroBatch.to`, together with the conversion of the features from their storage dtype.
+* Offline: samples come from :class:`data_gen.store.FeatureDataset` with their features, kept in the storage dtype
+  (bf16/fp8) through the DataLoader workers' shared memory. Online: from
   :class:`TokenDataset` (token ids + loss masks only); :class:`OnlineFeatures` runs the verifier's
   :class:`data_gen.capture.FeatureCapture` on the micro group (padded, unpacked) and then packs the result.
 """
@@ -25,12 +28,18 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
-
+from torch.utils.data import DataLoader, Dataset, Subset
 
 # ---- the micro batch ----------------------------------------------------------------------------------------
+FEATURES = ("aux_hidden", "last_hidden")
+
+
 @dataclass
 class MicroBatch:
+    """One micro batch. Features may travel in their storage dtype (bf16, or fp8 with ``*_scale``) with their
+    noise still pending: :meth:`to` finishes them on the target device, so DataLoader workers pass half (bf16) or a
+    quarter (fp8) of the fp32 bytes through shared memory and the device does the conversion and the noise."""
+
     input_ids: torch.Tensor  # long [B, L]
     loss_mask: torch.Tensor  # bool [B, L]
     document_ids: torch.Tensor  # long [B, L], -1 on padding
@@ -39,25 +48,55 @@ class MicroBatch:
     last_hidden: torch.Tensor | None  # [B, L, H]
     num_documents: int
     weight: float = 1.0  # 0 for the filler batches that keep ranks in lockstep during evaluation
+    aux_scale: torch.Tensor | None = None  # fp32 [B, L, n] for fp8 storage (dequantised by ``to``)
+    last_scale: torch.Tensor | None = None  # fp32 [B, L, 1]
+    feature_dtype: torch.dtype | None = None  # what ``to`` converts the features to (None: keep)
+    noise: tuple[tuple[int, int, int, int], ...] = ()  # pending (row, start, stop, seed) per noised document
+    noise_std: float = 0.0
 
     @property
     def num_tokens(self) -> int:
         return int((self.document_ids >= 0).sum())
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> MicroBatch:
+        """Move to ``device``, then dequantise/convert the features and add their pending noise there."""
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, torch.Tensor):
                 value = value.to(device, non_blocking=True)
-                if dtype is not None and value.is_floating_point():
-                    value = value.to(dtype)
             moved[f.name] = value
-        return MicroBatch(**moved)
+        batch = MicroBatch(**moved)
+        batch._finish_features()
+        if dtype is not None:
+            for name in FEATURES:
+                value = getattr(batch, name)
+                if value is not None and value.is_floating_point():
+                    setattr(batch, name, value.to(dtype))
+        return batch
+
+    def _finish_features(self) -> None:
+        from data_gen.store import dequantize
+
+        for name, scale_name in zip(FEATURES, ("aux_scale", "last_scale"), strict=True):
+            value, scale = getattr(self, name), getattr(self, scale_name)
+            if value is None:
+                continue
+            if scale is not None:
+                flat = dequantize(value.reshape(-1, value.shape[-1]), scale.reshape(-1, scale.shape[-1]))
+                value = flat.reshape(value.shape)
+            elif self.feature_dtype is not None:
+                value = value.to(self.feature_dtype)
+            setattr(self, name, value)
+            setattr(self, scale_name, None)
+        self.feature_dtype = None
+        if self.noise and self.aux_hidden is not None:
+            self.aux_hidden = self.aux_hidden + feature_noise(self.aux_hidden, self.noise, self.noise_std)
+        self.noise = ()
 
 
 def _document(sample: dict[str, Any], max_length: int) -> dict[str, Any]:
-    keep = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
+    keep = ("input_ids", "loss_mask", "aux_hidden", "last_hidden", "aux_scale", "last_scale")
     doc = {k: sample[k][:max_length] for k in keep if sample.get(k) is not None}
     if "noise_seed" in sample:
         doc["noise_seed"] = sample["noise_seed"]
@@ -69,14 +108,19 @@ def noise_seed(seed: int, epoch: int, index: int) -> int:
     return (int(seed) * 1_000_003 + int(epoch)) * 10_000_019 + int(index)
 
 
-def add_feature_noise(doc: dict[str, Any], std: float) -> None:
-    """Gaussian noise (std ``std``) on the verifier features of one training document, from its own seed."""
-    if std <= 0 or "noise_seed" not in doc or doc.get("aux_hidden") is None:
-        return
-    aux = doc["aux_hidden"]
-    gen = torch.Generator(device=aux.device).manual_seed(doc["noise_seed"] % (2**63))
-    noise = torch.randn(aux.shape, generator=gen, device=aux.device, dtype=torch.float32)
-    doc["aux_hidden"] = aux + (noise * std).to(aux.dtype)
+def feature_noise(
+    aux: torch.Tensor, placements: Sequence[tuple[int, int, int, int]], std: float
+) -> torch.Tensor:
+    """Gaussian noise (std ``std``) for the verifier features of each training document, drawn on ``aux``'s device
+    from the document's own seed (``placements``: row, start, stop, seed); zero on padding."""
+    delta = torch.zeros_like(aux)
+    for row, start, stop, seed in placements:
+        gen = torch.Generator(device=aux.device).manual_seed(seed % (2**63))
+        noise = torch.randn(
+            (stop - start, aux.shape[-1]), generator=gen, device=aux.device, dtype=torch.float32
+        )
+        delta[row, start:stop] = (noise * std).to(aux.dtype)
+    return delta
 
 
 def assign_rows(lengths: Sequence[int], max_length: int, packing: bool) -> list[list[int]]:
@@ -97,36 +141,58 @@ def assign_rows(lengths: Sequence[int], max_length: int, packing: bool) -> list[
     return rows
 
 
+def row_buckets(micro_batch_size: int) -> list[int]:
+    """The row counts a fixed-shape micro batch is padded to: powers of two below the micro batch size, and it.
+
+    Compiled flex attention compiles once per shape; padding every micro batch to the full size would cost compute
+    when packing fills fewer rows, so the row count is rounded up to one of these (log2 + 1 shapes)."""
+    if micro_batch_size < 1:
+        raise ValueError(f"train.micro_batch_size={micro_batch_size}: needs at least one sample")
+    powers = [1 << i for i in range(micro_batch_size.bit_length()) if 1 << i < micro_batch_size]
+    return [*powers, micro_batch_size]
+
+
+def padded_row_count(rows: int, max_rows: int) -> int:
+    """The smallest of :func:`row_buckets` ``(max_rows)`` that holds ``rows``."""
+    for bucket in row_buckets(max_rows):
+        if bucket >= rows:
+            return bucket
+    raise ValueError(f"a micro batch of {rows} rows is larger than train.micro_batch_size={max_rows}")
+
+
 def pack_documents(
     samples: Sequence[dict[str, Any]],
     max_length: int,
     packing: bool,
     noise_std: float = 0.0,
     fixed_width: bool = False,
+    max_rows: int = 0,
+    feature_dtype: torch.dtype | None = torch.float32,
 ) -> MicroBatch:
-    """Pack (or pad) samples into one micro batch; features are copied when present (plus training noise).
+    """Pack (or pad) samples into one micro batch; features are copied in the dtype they come in.
 
-    Rows are as wide as the longest one, or exactly ``max_length`` with ``fixed_width`` (compiled flex attention
-    on GPUs would otherwise recompile for every new width).
+    Rows are as wide as the longest one, or exactly ``max_length`` with ``fixed_width``, and their count is
+    rounded up to a :func:`row_buckets` size of ``max_rows`` when it is set (compiled flex attention on GPUs would
+    otherwise recompile for every new shape). Feature noise (``noise_std``) and the conversion to
+    ``feature_dtype`` happen in :meth:`MicroBatch.to`, on the device.
     """
     docs = [_document(s, max_length) for s in samples]
-    for doc in docs:
-        add_feature_noise(doc, noise_std)
     lengths = [int(d["input_ids"].shape[0]) for d in docs]
     rows = assign_rows(lengths, max_length, packing)
     width = max_length if fixed_width else max(sum(lengths[i] for i in row) for row in rows)
     first = docs[0]
     device = first["input_ids"].device
-    shape = (len(rows), width)
+    shape = (padded_row_count(len(rows), max_rows) if max_rows else len(rows), width)
     batch = {
         "input_ids": torch.zeros(shape, dtype=torch.long, device=device),
         "loss_mask": torch.zeros(shape, dtype=torch.bool, device=device),
         "document_ids": torch.full(shape, -1, dtype=torch.long, device=device),
         "position_ids": torch.zeros(shape, dtype=torch.long, device=device),
     }
-    for name in ("aux_hidden", "last_hidden"):
-        if name in first:
-            batch[name] = torch.zeros((*shape, first[name].shape[-1]), dtype=first[name].dtype, device=device)
+    tensors = [name for name in (*FEATURES, "aux_scale", "last_scale") if first.get(name) is not None]
+    for name in tensors:
+        batch[name] = torch.zeros((*shape, first[name].shape[-1]), dtype=first[name].dtype, device=device)
+    noise = []
     for r, row in enumerate(rows):
         start = 0
         for doc_number, index in enumerate(row):
@@ -135,14 +201,20 @@ def pack_documents(
             batch["loss_mask"][r, start:stop] = doc["loss_mask"].bool()
             batch["document_ids"][r, start:stop] = doc_number
             batch["position_ids"][r, start:stop] = torch.arange(lengths[index], device=device)
-            for name in ("aux_hidden", "last_hidden"):
-                if name in batch:
-                    batch[name][r, start:stop] = doc[name]
+            for name in tensors:
+                batch[name][r, start:stop] = doc[name]
+            if noise_std > 0 and "noise_seed" in doc and "aux_hidden" in batch:
+                noise.append((r, start, stop, int(doc["noise_seed"])))
             start = stop
     return MicroBatch(
         aux_hidden=batch.pop("aux_hidden", None),
         last_hidden=batch.pop("last_hidden", None),
+        aux_scale=batch.pop("aux_scale", None),
+        last_scale=batch.pop("last_scale", None),
         num_documents=len(docs),
+        feature_dtype=feature_dtype,
+        noise=tuple(noise),
+        noise_std=float(noise_std),
         **batch,
     )
 
@@ -222,9 +294,22 @@ def run_loader(
     num_workers: int = 0,
 ) -> DataLoader:
     stream = MicroBatchStream(source, plan, rank, first_step, last_step, collate)
+    if num_workers > 0:
+        verify_before_workers(source)
     return DataLoader(
         stream, batch_size=None, shuffle=False, num_workers=num_workers, persistent_workers=num_workers > 0
     )
+
+
+def verify_before_workers(source: Dataset) -> None:
+    """Hash the shards ``source`` reads in this process, before DataLoader workers copy it: every worker would
+    otherwise re-hash every shard it opens (a feature dataset's ``verify_shards``; others have nothing to check)."""
+    items = None
+    if isinstance(source, Subset):
+        source, items = source.dataset, list(source.indices)
+    verify = getattr(source, "verify_shards", None)
+    if verify is not None:
+        verify(items)
 
 
 def eval_groups(
@@ -276,10 +361,16 @@ class OnlineFeatures:
     """Verifier in the loop: captures features for a token-only micro group, then packs it."""
 
     def __init__(
-        self, capture: Any, max_length: int, packing: bool, noise_std: float = 0.0, fixed_width: bool = False
+        self,
+        capture: Any,
+        max_length: int,
+        packing: bool,
+        noise_std: float = 0.0,
+        fixed_width: bool = False,
+        max_rows: int = 0,
     ) -> None:
         self.capture, self.max_length, self.packing, self.noise_std = capture, max_length, packing, noise_std
-        self.fixed_width = fixed_width
+        self.fixed_width, self.max_rows = fixed_width, max_rows
 
     def __call__(self, samples: list[dict[str, Any]], weight: float = 1.0) -> MicroBatch:
         device = self.capture.device
@@ -297,7 +388,9 @@ class OnlineFeatures:
             doc["loss_mask"] = doc["loss_mask"].to(device)
             doc["aux_hidden"] = features["aux_hidden"][i, :n]
             doc["last_hidden"] = features["last_hidden"][i, :n]
-        batch = pack_documents(docs, self.max_length, self.packing, self.noise_std, self.fixed_width)
+        batch = pack_documents(
+            docs, self.max_length, self.packing, self.noise_std, self.fixed_width, self.max_rows, None
+        ).to(device)  # features stay in the verifier's dtype; the noise is added here
         batch.weight = weight
         return batch
 
@@ -333,4 +426,5 @@ __all__ = [
     "eval_groups",
     "identity_collate",
     "pack_documents",
+    "row_buckets",
 ]

@@ -41,6 +41,7 @@ from train.assemble import (
     lr_at,
     make_accelerator,
     make_optimizer,
+    outside_zero3_init,
     scale_fc_by_feature_rms,
     set_lr,
 )
@@ -53,6 +54,7 @@ from train.data import (
     eval_groups,
     identity_collate,
     pack_documents,
+    row_buckets,
     run_loader,
 )
 from train.evaluation import evaluate
@@ -60,7 +62,7 @@ from train.logs import RunLogger, console_line, eval_line
 from train.losses import step_masks, step_terms, step_weights
 from train.step_stats import StepStats
 from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
-from train.ttt_attention import resolve_backend
+from train.ttt_attention import flex_shape_variants, limit_flex_recompiles, resolve_backend
 from train.unroll import TTTDraft
 
 ALGORITHMS = ("eagle3", "hass")
@@ -114,13 +116,18 @@ class Trainer:
         vocab_size = int(self.verifier_config["vocab_size"])
         self.online = None
         fixed_width = resolve_backend(str(train.attention_backend), self.device) == "flex"
+        max_rows = int(train.micro_batch_size) if fixed_width else 0  # compiled flex: fixed shapes
+        if fixed_width:
+            limit_flex_recompiles(flex_shape_variants(len(row_buckets(max_rows))))
         if train.data_mode == "offline":
             from data_gen.store import FeatureDataset, read_token_counts
 
             data_dir = Path(str(train.data_dir))
-            self.train_set = FeatureDataset(data_dir / "train")
+            # features stay in their storage dtype through the loader; MicroBatch.to converts them on the device
+            self.train_set = FeatureDataset(data_dir / "train", dequantize=False)
             heldout = data_dir / "heldout"
-            self.heldout_set = FeatureDataset(heldout) if (heldout / "manifest.json").is_file() else None
+            exists = (heldout / "manifest.json").is_file()
+            self.heldout_set = FeatureDataset(heldout, dequantize=False) if exists else None
             manifest = self.train_set.manifest
             self.aux_layer_ids = [int(i) for i in manifest["aux_layer_ids"]]
             wanted = cfg.verifier.aux_layer_ids
@@ -146,13 +153,15 @@ class Trainer:
                 packing=bool(train.packing),
                 noise_std=float(train.noise_std),
                 fixed_width=fixed_width,
+                max_rows=max_rows,
             )
             self.head_source = "files"
         elif train.data_mode == "online":
             from data_gen.capture import FeatureCapture
             from speculators.verifier import load_verifier
 
-            verifier, tokenizer = load_verifier(self.verifier_name, cfg.verifier.dtype, self.device)
+            with outside_zero3_init(self.accelerator):  # frozen: whole weights, not ZeRO-3 partitions
+                verifier, tokenizer = load_verifier(self.verifier_name, cfg.verifier.dtype, self.device)
             capture = FeatureCapture(verifier, cfg.verifier.aux_layer_ids, out_dtype=None)
             self.aux_layer_ids = capture.aux_layer_ids
             train_samples, heldout_samples = encode_conversations(cfg.data, tokenizer)
@@ -161,7 +170,12 @@ class Trainer:
             counts, provenance = self.train_set.token_counts(vocab_size), {"source": "online"}
             self.collate = identity_collate
             self.online = OnlineFeatures(
-                capture, int(train.max_length), bool(train.packing), float(train.noise_std), fixed_width
+                capture,
+                int(train.max_length),
+                bool(train.packing),
+                float(train.noise_std),
+                fixed_width,
+                max_rows,
             )
             self.verifier = verifier
             self.head_source = "model"

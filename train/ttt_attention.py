@@ -13,9 +13,9 @@ per head) wastes memory quadratically. Here each step needs only:
   ``torch.utils.checkpoint`` (only q/k/v and the chunk's output + log-sum-exp are kept; the chunk × L score block
   is recomputed in backward), then merged with the j diagonal scores through a log-sum-exp combination. Extra
   memory O(k·L) plus one transient chunk × L block. Runs anywhere (CPU included), exact in fp32.
-* ``flex``: ``flex_attention`` over ``cat(K_0..K_j)`` with a block-sparse mask (the block mask holds O(L²/128²)
-  block indices, never a dense mask). CUDA only for training (flex has no CPU backward); its forward runs on CPU
-  and is tested against the reference.
+* ``flex``: ``flex_attention`` over ``cat(K_0..K_j)`` (zero-padded to the unroll's k steps, future steps masked)
+  with a block-sparse mask (the block mask holds O(L²/128²) block indices, never a dense mask). CUDA only for
+  training (flex has no CPU backward); its forward runs on CPU and is tested against the reference.
 * ``dense``: the naive reference that materialises the L × (j+1)·L mask. For tests only.
 
 ``auto`` picks ``flex`` on CUDA when available, else ``chunked``: a run-time choice, one code path for the model.
@@ -174,6 +174,13 @@ def dense_ttt_attention(
 
 
 # ---- flex attention (CUDA) ----------------------------------------------------------------------------------
+# Compiled flex attention is specialised to its shapes (``dynamic=False``); past torch's recompile limit dynamo
+# used to fall back SILENTLY to the uncompiled kernel, which materialises the whole score matrix (~15 GB per fp32
+# tensor at the 8B recipe) and runs out of memory. So the shapes it sees are a small fixed set: rows padded to a
+# bucket (train.data.row_buckets), width ``max_length``, and every TTT step of one unroll over the same key length
+# ``total_steps * L`` with the future steps' keys masked out (their blocks are empty: no compute). The only variants
+# are then (row bucket) x (training unroll with grad | evaluation unroll without), and the recompile limit is set
+# to exactly that count with hitting it made an error (:func:`limit_flex_recompiles`).
 def flex_available() -> bool:
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
@@ -182,35 +189,88 @@ def flex_available() -> bool:
     return True
 
 
-_COMPILED_FLEX: Callable | None = None
+_COMPILED: dict[tuple[str, str], Callable] = {}
 
 
-def _flex_fn(compiled: bool) -> Callable:
-    global _COMPILED_FLEX
-    from torch.nn.attention.flex_attention import flex_attention
+def _compiled(name: str, backend: str | None) -> Callable:
+    """``flex_attention`` / ``create_block_mask``, compiled once per backend (``None``: eager, uncompiled).
 
-    if not compiled:
-        return flex_attention
-    if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED_FLEX
+    ``torch.compile(create_block_mask)`` replaces its deprecated private ``_compile=True`` (which wrapped a new
+    ``torch.compile`` on every call); both torch 2.11 and 2.13 support it."""
+    from torch.nn.attention import flex_attention as flex
+
+    fn = getattr(flex, name)
+    if backend is None:
+        return fn
+    key = (name, backend)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(fn, backend=backend, dynamic=False)
+    return _COMPILED[key]
 
 
-def flex_block_mask(document_ids: torch.Tensor, steps: int, compiled: bool = True):
-    """Block-sparse mask for step ``steps - 1`` over ``cat(K_0..K_{steps-1})`` (no dense mask is built)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+def limit_flex_recompiles(variants: int) -> None:
+    """Allow exactly ``variants`` compiled shapes per function and make one more an error, never a silent fallback
+    to the dense kernel. The names differ by torch version (``recompile_limit``/``fail_on_recompile_limit_hit``,
+    formerly ``cache_size_limit``/``fail_on_cache_limit_hit``); ``suppress_errors`` would swallow the error. Compiled
+    code of earlier runs in this process (a Hydra sweep's previous job, with other shapes) is dropped first: it
+    would count too."""
+    import torch._dynamo
+    import torch._dynamo.config as dynamo_config
 
+    for limit, fail in (
+        ("recompile_limit", "fail_on_recompile_limit_hit"),
+        ("cache_size_limit", "fail_on_cache_limit_hit"),
+    ):
+        if hasattr(dynamo_config, limit) and hasattr(dynamo_config, fail):
+            break
+    else:
+        raise RuntimeError(
+            f"torch {torch.__version__} cannot make dynamo's recompile limit fatal; compiled flex attention would "
+            "fall back silently to a dense kernel past it. Use torch >= 2.6, or train.attention_backend=chunked"
+        )
+    torch._dynamo.reset()
+    setattr(dynamo_config, limit, int(variants))
+    setattr(dynamo_config, fail, True)
+    dynamo_config.suppress_errors = False
+
+
+def flex_shape_variants(row_shapes: int) -> int:
+    """Compiled shapes of a run: a training unroll (grad) and an evaluation unroll (no grad) per row count."""
+    return 2 * row_shapes
+
+
+def default_compile_backend(device: torch.device) -> str | None:
+    """Inductor on CUDA; eager elsewhere (flex has no CPU backward; its CPU forward runs uncompiled)."""
+    return "inductor" if device.type == "cuda" else None
+
+
+def flex_block_mask(
+    document_ids: torch.Tensor, step: int, total_steps: int, compile_backend: str | None = "inductor"
+):
+    """Block-sparse mask of step ``step`` (0-based) over the key slots ``cat(K_0..K_{total_steps-1})``.
+
+    Slots of steps after ``step`` are masked (zero keys fill them), so every step of an unroll has the same key
+    length. ``step`` enters as a tensor: a Python int in the closure would be a guard, one compile per step."""
     batch, length = document_ids.shape
+    current = torch.tensor(step, device=document_ids.device)
 
     def mask_mod(b, h, q_idx, kv_idx):
         block = kv_idx // length
         pos = kv_idx % length
         causal = (pos <= q_idx) & (document_ids[b, pos] == document_ids[b, q_idx])
-        return torch.where(block == 0, causal, pos == q_idx)
+        return torch.where(block == 0, causal, (pos == q_idx) & (block <= current))
 
-    return create_block_mask(
-        mask_mod, batch, None, length, steps * length, device=document_ids.device, _compile=compiled
-    )
+    create = _compiled("create_block_mask", compile_backend)
+    return create(mask_mod, batch, None, length, total_steps * length, device=document_ids.device)
+
+
+def padded_step_keys(keys: list[torch.Tensor], total_steps: int) -> torch.Tensor:
+    """``cat(keys)`` followed by zero slots up to ``total_steps`` (masked by :func:`flex_block_mask`)."""
+    missing = total_steps - len(keys)
+    if missing < 0:
+        raise ValueError(f"{len(keys)} TTT steps of keys, but the unroll was set up for {total_steps}")
+    filler = [keys[0].new_zeros(keys[0].shape)] * missing
+    return torch.cat([*keys, *filler], dim=2)
 
 
 def flex_ttt_attention(
@@ -218,16 +278,21 @@ def flex_ttt_attention(
     keys: list[torch.Tensor],
     values: list[torch.Tensor],
     document_ids: torch.Tensor,
+    total_steps: int | None = None,
     block_mask=None,
-    compiled: bool | None = None,
+    compile_backend: str | None = "auto",
 ) -> torch.Tensor:
-    """flex_attention over the concatenated step keys with the TTT block mask (compiled on CUDA)."""
-    compiled = q.is_cuda if compiled is None else compiled
+    """flex_attention of step ``len(keys) - 1`` over the step keys padded to ``total_steps`` (default: no
+    padding) with the TTT block mask; compiled with ``compile_backend`` (``auto``: inductor on CUDA, else eager)."""
+    if compile_backend == "auto":
+        compile_backend = default_compile_backend(q.device)
+    total_steps = total_steps or len(keys)
     if block_mask is None:
-        block_mask = flex_block_mask(document_ids, len(keys), compiled)
-    key = torch.cat(keys, dim=2)
-    value = torch.cat(values, dim=2)
-    return _flex_fn(compiled)(q, key, value, block_mask=block_mask, enable_gqa=q.shape[1] != key.shape[1])
+        block_mask = flex_block_mask(document_ids, len(keys) - 1, total_steps, compile_backend)
+    key = padded_step_keys(keys, total_steps)
+    value = padded_step_keys(values, total_steps)
+    flex = _compiled("flex_attention", compile_backend)
+    return flex(q, key, value, block_mask=block_mask, enable_gqa=q.shape[1] != key.shape[1])
 
 
 # ---- the callback the draft model calls ---------------------------------------------------------------------
@@ -248,12 +313,24 @@ class TTTAttention:
 
     Each call appends that layer's k/v for the current step; the step index of a call is how many k/v the layer
     already holds. Create a fresh instance per batch (it keeps the unroll's keys alive for backward anyway).
+    ``total_steps`` (the unroll's length) fixes flex's key length; ``compile_backend`` picks flex's compiler.
     """
 
-    def __init__(self, document_ids: torch.Tensor, backend: str = "auto", chunk_size: int = 256) -> None:
+    def __init__(
+        self,
+        document_ids: torch.Tensor,
+        backend: str = "auto",
+        chunk_size: int = 256,
+        total_steps: int | None = None,
+        compile_backend: str | None = "auto",
+    ) -> None:
         self.document_ids = document_ids
         self.backend = resolve_backend(backend, document_ids.device)
         self.chunk_size = chunk_size
+        self.total_steps = total_steps
+        if compile_backend == "auto":
+            compile_backend = default_compile_backend(document_ids.device)
+        self.compile_backend = compile_backend
         self._keys: dict[int, list[torch.Tensor]] = {}
         self._values: dict[int, list[torch.Tensor]] = {}
         self._block_masks: dict[int, object] = {}
@@ -267,10 +344,12 @@ class TTTAttention:
             return chunked_ttt_attention(q, keys, values, self.document_ids, self.chunk_size)
         if self.backend == "dense":
             return dense_ttt_attention(q, keys, values, self.document_ids)
-        steps = len(keys)
-        if steps not in self._block_masks:  # shared by every layer of this step
-            self._block_masks[steps] = flex_block_mask(self.document_ids, steps, compiled=q.is_cuda)
-        return flex_ttt_attention(q, keys, values, self.document_ids, self._block_masks[steps])
+        step, total = len(keys) - 1, self.total_steps or len(keys)
+        if step not in self._block_masks:  # shared by every layer of this step
+            self._block_masks[step] = flex_block_mask(self.document_ids, step, total, self.compile_backend)
+        return flex_ttt_attention(
+            q, keys, values, self.document_ids, total, self._block_masks[step], self.compile_backend
+        )
 
 
 __all__ = [
@@ -279,7 +358,10 @@ __all__ = [
     "chunked_ttt_attention",
     "dense_ttt_attention",
     "document_causal_attention",
+    "flex_block_mask",
+    "flex_shape_variants",
     "flex_ttt_attention",
+    "limit_flex_recompiles",
     "merge_diagonal",
     "ttt_mask_dense",
 ]

@@ -72,8 +72,11 @@ def test_flex_forward_equals_dense_on_cpu():
     with torch.no_grad():
         for j in range(steps):
             ref = dense_ttt_attention(qs[j], ks[: j + 1], vs[: j + 1], doc)
-            out = flex_ttt_attention(qs[j], ks[: j + 1], vs[: j + 1], doc, compiled=False)
+            out = flex_ttt_attention(qs[j], ks[: j + 1], vs[: j + 1], doc, compile_backend=None)
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+            # keys zero-padded to the whole unroll (one key length for every step): the same values
+            padded = flex_ttt_attention(qs[j], ks[: j + 1], vs[: j + 1], doc, steps, compile_backend=None)
+            torch.testing.assert_close(padded, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_callback_tracks_steps_per_layer():
