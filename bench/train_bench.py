@@ -7,7 +7,7 @@
    lm_head. Measured with 1 intra-op thread and with torch's default.
 2. Peak memory of the TTT attention (forward + backward, k = 3 steps, SmolLM2's head layout) as the sequence length
    doubles, for the linear-memory ``chunked`` implementation and the naive dense-mask reference. Counted as live
-   tensor bytes (tests.support.memory.LiveTensorMemory), exact and allocator-independent. The chunked ratio per doubling
+   tensor bytes (train.memory_plan.LiveBytes), exact and allocator-independent. The chunked ratio per doubling
    must stay near 2 (linear); the dense one approaches 4 (quadratic).
 
     .venv/bin/python bench/train_bench.py [--steps 6] [--lengths 512 1024 2048 4096] [--dense-max 2048]
