@@ -15,6 +15,7 @@ from data_gen.pipeline import run_data_gen
 from data_gen.sources import Conversation, SourceError
 from data_gen.store import FeatureDataset, IncompatibleOutputError, read_manifest, read_token_counts
 from speculators.vocab import build_draft_vocab, tokenizer_fingerprint
+from tests.conftest import require_consumer
 from tests.data_gen.conftest import chat_records, write_jsonl
 
 
@@ -273,8 +274,7 @@ def test_recipe_groups_compose_with_hydra():
 def test_vllm_regeneration_matches_transformers_greedy(smollm2_dir, tmp_path):
     from speculators.serving.vllm_bridge import vllm_available
 
-    if not vllm_available():
-        pytest.skip("no vLLM virtualenv (make vllm-env)")
+    require_consumer(vllm_available(), "the vLLM virtualenv", "vllm-env")
     source = write_jsonl(
         tmp_path / "qa.jsonl",
         [
