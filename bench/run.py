@@ -160,6 +160,14 @@ def main() -> int:
     return 0 if all(s.startswith("exit 0") for s in status.values()) else 1
 
 
+def verifier_note() -> str:
+    """Whose weights every benchmark's verifier is (all of them run on the embedded SmolLM2)."""
+    sys.path.insert(0, str(REPO))
+    from speculators.verifier import EMBEDDED_WEIGHTS_NOTE
+
+    return EMBEDDED_WEIGHTS_NOTE
+
+
 def write_summary(status: dict[str, str]) -> None:
     lines = [
         "# Benchmark summary",
@@ -167,10 +175,15 @@ def write_summary(status: dict[str, str]) -> None:
         f"Machine: {platform.platform()}, {platform.processor() or platform.machine()}, "
         f"{__import__('os').cpu_count()} CPUs. Reproduce: `make bench` (or `python bench/run.py --only NAME`).",
         "",
+        f"Verifier of every figure below: the embedded default, {verifier_note()}.",
+        "",
     ]
     for name in BENCHMARKS:
         path = RESULTS / f"{name}.json"
         lines.append(f"## {name}")
+        lines.append(
+            "- verifier: embedded SmolLM2-135M-Instruct, dequantized from its Q4_1 GGUF (not the published weights)"
+        )
         if name in status:
             lines.append(f"_this run: {status[name]}_")
         if path.exists():

@@ -2,7 +2,9 @@
 
 mask = 1 exactly on the tokens the model generates in an assistant turn: its content (including a ``<think>``
 block when the template renders one) and the end-of-turn token it must emit; 0 on system/user turns and on template
-tokens (role headers, the newline after the end-of-turn token). Two ways, tried in this order:
+tokens (role headers, the newline after the end-of-turn token). An answer marked ``"truncated": true`` (regenerated
+and cut at ``max_new_tokens``) keeps its content in the loss but not the end-of-turn token the template closes it
+with: the verifier never emitted it. Two ways, tried in this order:
 
 1. ``{% generation %}`` blocks in the template: ``apply_chat_template(..., return_assistant_tokens_mask=True)``
    gives the spans the template's author declared (extended by one token when the end-of-turn token follows).
@@ -256,7 +258,18 @@ class ChatMasker:
             raise MaskingError(
                 "unmaskable", f"conversation {conversation.id!r}: the template marked no token"
             )
+        self._unmask_closing_of_truncated(conversation, ids, mask)
         return EncodedSample(conversation.id, ids, mask)
+
+    def _unmask_closing_of_truncated(
+        self, conversation: Conversation, ids: list[int], mask: list[int]
+    ) -> None:
+        """Generation-tag spans in answer order: drop the end-of-turn token ending the span of a truncated answer."""
+        answers = [m for m in conversation.messages if m["role"] == "assistant"]
+        ends = [p for p in range(len(mask)) if mask[p] and (p + 1 == len(mask) or not mask[p + 1])]
+        for message, end in zip(answers, ends, strict=False):
+            if message.get("truncated") and ids[end] == self.eot_id:
+                mask[end] = 0
 
     def _encode_whole(self, conversation: Conversation, max_length: int) -> EncodedSample:
         messages = conversation.messages
@@ -278,7 +291,8 @@ class ChatMasker:
             )
             if start >= max_length:
                 break  # this turn and the later ones are beyond max_length anyway
-            mask[start : eot + 1] = [1] * (eot + 1 - start)
+            end = _loss_end(message, eot)
+            mask[start:end] = [1] * (end - start)
         return EncodedSample(conversation.id, ids, mask)
 
     def _encode_per_turn(self, conversation: Conversation, max_length: int) -> list[EncodedSample]:
@@ -299,13 +313,20 @@ class ChatMasker:
             )
             if start >= max_length:
                 break
-            mask = [0] * start + [1] * (eot + 1 - start) + [0] * (len(ids) - eot - 1)
+            end = _loss_end(message, eot)
+            mask = [0] * start + [1] * (end - start) + [0] * (len(ids) - end)
             samples.append(EncodedSample(f"{conversation.id}#turn{i}", ids, mask))
         if not samples:
             raise MaskingError(
                 "overlong", f"conversation {conversation.id!r}: every prompt exceeds max_length"
             )
         return samples
+
+
+def _loss_end(message: dict[str, Any], eot: int) -> int:
+    """End (exclusive) of an answer's loss span: after its end-of-turn token, or before it when the answer was cut
+    at ``max_new_tokens`` (the template closes the turn, the verifier did not)."""
+    return eot if message.get("truncated") else eot + 1
 
 
 def _token_starting_at(offsets: list[tuple[int, int]], char: int) -> int | None:

@@ -9,6 +9,10 @@ everywhere) and ``vllm`` (one ``speculators.serving.VllmSession`` for the run: v
 its engine starts once; much faster where vLLM runs). Resumable: each finished batch is appended to a JSONL cache and
 fsynced; a rerun reuses what is there (a line cut by a kill is discarded). Sampling is seeded per batch from
 ``(seed, cache name, batch index)``, so a resumed run draws the same numbers as an uninterrupted one.
+
+An answer cut at ``max_new_tokens`` stays cut: its message is marked ``"truncated": true`` and the masker leaves
+the template's end-of-turn token after it out of the loss (the verifier never emitted it, so the draft must not
+learn to predict an end there); ``answers_cut_at_max_new_tokens`` counts them in the data-gen stats.
 """
 
 from __future__ import annotations
@@ -55,17 +59,28 @@ class RegenerateSettings:
             )
 
 
-# A generate function takes prompt token ids and returns the generated texts (special tokens removed).
-GenerateFn = Callable[[list[list[int]], int], list[str]]
+@dataclass(frozen=True)
+class Answer:
+    """One generated answer: its text (special tokens removed) and whether ``max_new_tokens`` cut it (no stop
+    token was generated)."""
+
+    text: str
+    truncated: bool = False
+
+
+# A generate function takes prompt token ids and a seed and returns one Answer per prompt.
+GenerateFn = Callable[[list[list[int]], int], list[Answer]]
 
 
 def transformers_generate(
     model: Any, tokenizer: Any, settings: RegenerateSettings, stop_ids: list[int]
 ) -> GenerateFn:
-    """Batched ``model.generate`` with left padding; greedy at temperature 0."""
+    """Batched ``model.generate`` with left padding; greedy at temperature 0. An answer without any of
+    ``stop_ids`` ran into ``max_new_tokens``."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    stops = set(stop_ids)
 
-    def generate(prompts: list[list[int]], seed: int) -> list[str]:
+    def generate(prompts: list[list[int]], seed: int) -> list[Answer]:
         device = next(model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -84,7 +99,13 @@ def transformers_generate(
                 pad_token_id=pad_id,
                 **(sampling if settings.temperature > 0 else {"do_sample": False}),
             )
-        return [tokenizer.decode(row[width:], skip_special_tokens=True) for row in out.cpu()]
+        return [
+            Answer(
+                tokenizer.decode(row[width:], skip_special_tokens=True),
+                truncated=stops.isdisjoint(row[width:].tolist()),
+            )
+            for row in out.cpu()
+        ]
 
     return generate
 
@@ -92,7 +113,8 @@ def transformers_generate(
 class VllmGenerator:
     """The vLLM back-end: one :class:`~speculators.serving.VllmSession` for the whole run (vLLM lives in its own
     virtualenv), so the engine starts once, not once per turn round (~20 s each on CPU). vLLM stops at the
-    verifier's generation-config EOS ids and strips special tokens from the texts. Call :meth:`close` at the end.
+    verifier's generation-config EOS ids and strips special tokens from the texts; finish reason ``length`` means
+    the answer was cut. Call :meth:`close` at the end.
     """
 
     def __init__(
@@ -116,7 +138,7 @@ class VllmGenerator:
         self.max_model_len = max_model_len
         self.session = VllmSession(threads=settings.threads or os.cpu_count())
 
-    def __call__(self, prompts: list[list[int]], seed: int) -> list[str]:
+    def __call__(self, prompts: list[list[int]], seed: int) -> list[Answer]:
         from speculators.serving.vllm_bridge import VllmRequest
 
         request = VllmRequest(
@@ -129,7 +151,11 @@ class VllmGenerator:
             max_model_len=self.max_model_len,
             name="regenerate",
         )
-        return list(self.session.run(request).texts)
+        result = self.session.run(request)
+        return [
+            Answer(text, truncated=reason == "length")
+            for text, reason in zip(result.texts, result.finish_reasons, strict=True)
+        ]
 
     def close(self) -> None:
         self.session.close()
@@ -233,7 +259,7 @@ class Regenerator:
             if not jobs:
                 break
             started = time.perf_counter()
-            texts = self.generate([prompt for _, _, prompt in jobs], seed + turn)
+            answers = self.generate([prompt for _, _, prompt in jobs], seed + turn)
             log.info(  # a batch can take minutes: say how each turn round went
                 "regenerate: turn round %d of %d conversations: %d answers in %.0f s",
                 turn + 1,
@@ -241,13 +267,18 @@ class Regenerator:
                 len(jobs),
                 time.perf_counter() - started,
             )
-            for (row, position, _), text in zip(jobs, texts, strict=True):
-                text = text.strip()
+            for (row, position, _), answer in zip(jobs, answers, strict=True):
+                text = answer.text.strip()
                 if not text:
                     messages[row] = messages[row][:position]
                     counts[row]["empty_answers"] += 1
                     continue
-                messages[row][position]["content"] = text
+                message = messages[row][position]
+                message["content"] = text
+                message.pop("truncated", None)
+                if answer.truncated:  # the masker keeps its end-of-turn token out of the loss
+                    message["truncated"] = True
+                    counts[row]["answers_cut_at_max_new_tokens"] += 1
                 counts[row]["regenerated_turns"] += 1
             turn += 1
         entries = []
@@ -261,4 +292,4 @@ class Regenerator:
         return entries
 
 
-__all__ = ["RegenerateSettings", "Regenerator", "VllmGenerator", "transformers_generate"]
+__all__ = ["Answer", "RegenerateSettings", "Regenerator", "VllmGenerator", "transformers_generate"]

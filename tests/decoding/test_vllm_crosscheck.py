@@ -10,6 +10,8 @@ import pytest
 import torch
 from conftest import single_thread
 
+from tests.conftest import require_consumer
+
 pytestmark = pytest.mark.consumer
 
 KS = [1, 3]
@@ -53,8 +55,7 @@ def test_acceptance_length_matches_vllm(served_pair, tmp_path):
     from speculators.eval.evaluation import EvalSettings, evaluate
     from speculators.serving.vllm_bridge import vllm_available
 
-    if not vllm_available():
-        pytest.skip("vLLM virtualenv missing: run `make vllm-env`")
+    require_consumer(vllm_available(), "the vLLM virtualenv", "vllm-env")
     verifier_dir, draft_dir = served_pair
     settings = EvalSettings(ks=KS, max_new_tokens=32, max_prompts=12, batch_size=4, vllm=True)
     results = evaluate(draft_dir, str(verifier_dir), settings=settings, output_dir=tmp_path, dtype="float32")

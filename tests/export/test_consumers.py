@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from speculators.cli import main as cli_main
 from speculators.export import convert_checkpoint, export_checkpoint
 from speculators.format import load_checkpoint
+from tests.conftest import require_consumer
 from tests.export.conftest import (
     SERVABLE_SHAPE,
     build_draft,
@@ -87,8 +88,7 @@ def checkpoints(tmp_path_factory, always_zero_verifier) -> dict[str, Path]:
 def served(checkpoints, always_zero_verifier):
     """Every configuration in ONE vLLM worker process (one import; engines one after another)."""
     bridge = pytest.importorskip("speculators.serving.vllm_bridge")
-    if not bridge.vllm_available():
-        pytest.skip("the vLLM virtualenv is missing: run `make vllm-env`")
+    require_consumer(bridge.vllm_available(), "the vLLM virtualenv", "vllm-env")
     requests = {
         "auto": bridge.VllmRequest(model=checkpoints["accept"], prompts=PROMPTS),
         "explicit": bridge.VllmRequest(
@@ -137,8 +137,7 @@ def test_vllm_serves_converted_checkpoints(served, layout, k):
 def test_speculators_package_loads_it_offline_tensor_for_tensor(checkpoints, name):
     """speculators==0.9.0 (its own virtualenv) loads the directory offline and holds exactly our weights."""
     package = pytest.importorskip("speculators.serving.speculators_package")
-    if not package.speculators_package_available():
-        pytest.skip("the speculators virtualenv is missing: run `make speculators-env`")
+    require_consumer(package.speculators_package_available(), "the speculators virtualenv", "speculators-env")
     loaded = package.load_with_speculators_package(checkpoints[name])
     config, tensors = load_checkpoint(checkpoints[name])
     assert loaded["ok"] and loaded["speculators_version"] == "0.9.0"

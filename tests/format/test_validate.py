@@ -15,6 +15,7 @@ from speculators.cli import main as cli_main
 from speculators.format import validate_checkpoint
 from speculators.format.checkpoint import read_config
 from speculators.format.validate import errors
+from speculators.models import Eagle3DraftModel
 
 from .test_roundtrip import build_draft
 
@@ -84,6 +85,14 @@ def _d2t_as_ids(tensors: dict) -> None:
     tensors["d2t"] = tensors["d2t"] + torch.arange(tensors["d2t"].shape[0])
 
 
+def _d2t_as_ids_in_range(tensors: dict) -> None:
+    """d2t holding ids whose offset reading stays inside the vocabulary: only t2d's disagreement gives it away."""
+    ids = torch.arange(0, 2 * tensors["d2t"].shape[0], 2)
+    tensors["d2t"] = ids.clone()
+    tensors["t2d"] = torch.zeros_like(tensors["t2d"])
+    tensors["t2d"][ids] = True
+
+
 def _nan_in_fc(tensors: dict) -> None:
     tensors["fc.weight"][0, 0] = float("nan")
 
@@ -121,6 +130,7 @@ BAD_CASES = {
     "aux_ids_unsorted": (_set("eagle_aux_hidden_state_layer_ids", [4, 2, 5]), None, "repeated or unsorted"),
     "model_prefix": (None, _rename_all_with_model_prefix, "'model.' prefix"),
     "d2t_as_ids": (None, _d2t_as_ids, "store offsets"),
+    "d2t_as_ids_in_range": (None, _d2t_as_ids_in_range, "store offsets"),
     "missing_embed_tokens": (None, lambda t: t.pop("embed_tokens.weight"), "embed_tokens.weight is missing"),
     "nan_weights": (None, _nan_in_fc, "NaN or Inf"),
     "t2d_inconsistent": (None, _t2d_off_by_one, "inconsistent with d2t"),
@@ -136,6 +146,42 @@ def test_rejects_known_bad_checkpoint(case, good_checkpoint, tiny_llama_dir, tmp
     assert expected in text, text
     assert cli_main(["validate", str(bad), "--verifier", str(tiny_llama_dir)]) == 1
     assert "error(s)" in capsys.readouterr().out
+
+
+def _every_second_id(vocab: int, size: int) -> torch.Tensor:
+    return torch.arange(1, 2 * size, 2)
+
+
+def _every_second_id_up_to_the_last(vocab: int, size: int) -> torch.Tensor:
+    return torch.arange(vocab - 2 * size + 1, vocab, 2)
+
+
+UNUSUAL_VOCABULARIES = {  # (draft vocab size or None for the verifier's, kept ids from (vocab, size))
+    "sparse_ids": (512, _every_second_id),
+    "sparse_ids_with_the_last_id": (512, _every_second_id_up_to_the_last),
+    "last_ids_of_the_vocabulary": (512, lambda vocab, size: torch.arange(vocab - size, vocab)),
+    "single_id": (1, lambda vocab, size: torch.tensor([7])),
+    "single_last_id": (1, lambda vocab, size: torch.tensor([vocab - 1])),
+    "full_vocabulary": (None, lambda vocab, size: torch.arange(vocab)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNUSUAL_VOCABULARIES))
+def test_accepts_valid_but_unusual_vocabularies(case, tiny_llama_dir, tmp_path):
+    """d2t offsets that look like ids (every second id: d2t[i] = i + 1) are still valid offsets; the validator must
+    accept every mapping our library (and vLLM, which reads the same offsets) loads."""
+    vocab = read_config(tiny_llama_dir)["vocab_size"]
+    size, kept_ids = UNUSUAL_VOCABULARIES[case]
+    size = size or vocab
+    ids = kept_ids(vocab, size)
+    model = build_draft(tiny_llama_dir, draft_vocab_size=size)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    model.set_vocab(ids - torch.arange(size), t2d)
+    directory = model.save_pretrained(tmp_path / case, dtype=torch.float32)
+    assert validate_checkpoint(directory, read_config(tiny_llama_dir)) == []
+    loaded = Eagle3DraftModel.from_pretrained(directory)
+    assert torch.equal(loaded.draft_to_target(torch.arange(size)), ids)  # and it means what we wrote
 
 
 def test_missing_config_is_one_clear_error(tmp_path):
