@@ -10,7 +10,7 @@ import torch
 
 from speculators.format import Eagle3Config
 from speculators.models import Eagle3DraftModel
-from speculators.verifier import tiny_verifier_config
+from tests.support.verifiers import tiny_verifier_config
 from tests.train.conftest import compose, tiny_overrides
 from train.trainer import Trainer, reset_distributed
 from train.unroll import TTTDraft
