@@ -78,7 +78,7 @@ def flex_vs_dense(device: str, shape: tuple[int, int, int, int, int], steps: int
         name = str(dtype).removeprefix("torch.")
         grads = device == "cuda"  # flex has no backward on CPU: the smoke run compares values only
         got = _attention_with_grads(
-            lambda q, k, v, d: flex_ttt_attention(q, k, v, d, compiled=device == "cuda"),
+            lambda q, k, v, d: flex_ttt_attention(q, k, v, d, compile_backend="auto"),
             q0, k0, v0, document_ids, dtype, grads,
         )  # fmt: skip
         tol = TOLERANCES[name]
