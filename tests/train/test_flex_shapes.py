@@ -110,7 +110,7 @@ def test_an_epoch_compiles_a_fixed_set_of_flex_shapes(flex_trainer):
     with torch.no_grad():
         for batch in trainer._eval_batches():
             rows_seen.add(int(batch.document_ids.shape[0]))
-            unroll_attention(trainer, batch.document_ids, int(trainer.cfg.eval.k))
+            unroll_attention(trainer, batch.document_ids, trainer.settings.eval.k)
     # an epoch of packed micro batches of 4 hit 2 AND 4 rows (3 are padded to 4), all max_length wide
     assert rows_seen == {2, 4} and widths == {72}
     assert cache_entries(flex_attention) == cache_entries(create_block_mask) == 2 * len(rows_seen)
@@ -118,15 +118,15 @@ def test_an_epoch_compiles_a_fixed_set_of_flex_shapes(flex_trainer):
     # another epoch and evaluation compile nothing new
     with torch.no_grad():
         for batch in trainer._eval_batches():
-            unroll_attention(trainer, batch.document_ids, int(trainer.cfg.eval.k))
+            unroll_attention(trainer, batch.document_ids, trainer.settings.eval.k)
     assert cache_entries(flex_attention) == 2 * len(rows_seen)
 
     # a shape outside the set (3 rows, as unpadded packing gives) past the limit is an error, never a fallback
     one_row = torch.zeros(1, 72, dtype=torch.long)
     with torch.no_grad():
-        unroll_attention(trainer, one_row, int(trainer.cfg.eval.k))  # the 1-row bucket: within the limit
+        unroll_attention(trainer, one_row, trainer.settings.eval.k)  # the 1-row bucket: within the limit
     with torch.enable_grad():
         unroll_attention(trainer, one_row, trainer.steps)
     assert cache_entries(flex_attention) == variants
     with pytest.raises((FailOnRecompileLimitHit, Unsupported)), torch.no_grad():
-        unroll_attention(trainer, torch.zeros(3, 72, dtype=torch.long), int(trainer.cfg.eval.k))
+        unroll_attention(trainer, torch.zeros(3, 72, dtype=torch.long), trainer.settings.eval.k)
