@@ -22,12 +22,10 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Subset
 
 from speculators import runs
 from speculators.verifier import verifier_config_dict
@@ -40,29 +38,18 @@ from train.assemble import (
     lr_at,
     make_accelerator,
     make_optimizer,
-    outside_zero3_init,
     scale_fc_by_feature_rms,
     set_lr,
 )
-from train.data import (
-    BatchPlan,
-    MicroBatch,
-    OnlineFeatures,
-    TokenDataset,
-    encode_conversations,
-    eval_groups,
-    identity_collate,
-    pack_documents,
-    row_buckets,
-    run_loader,
-)
+from train.data import BatchPlan, row_buckets, run_loader
 from train.evaluation import evaluate
+from train.features import RowLayout, open_features
 from train.logs import RunLogger, console_line, eval_line
 from train.losses import step_masks, step_terms, step_weights
 from train.settings import TrainSettings
 from train.step_stats import StepStats
-from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
-from train.ttt_attention import flex_shape_variants, limit_flex_recompiles, resolve_backend
+from train.targets import needed_positions, target_draft_ids, target_logits
+from train.ttt_attention import flex_shape_variants, limit_flex_recompiles
 from train.unroll import TTTDraft
 
 
@@ -107,75 +94,15 @@ class Trainer:
     # ---- set-up -----------------------------------------------------------------------------------------
     def _prepare_data(self) -> None:
         settings, train = self.settings, self.settings.train
+        layout = RowLayout.of(train, self.device)
+        if layout.fixed_width:  # compiled flex: a fixed set of shapes, and recompiling past it is an error
+            limit_flex_recompiles(flex_shape_variants(len(row_buckets(layout.max_rows))))
+        self.features = open_features(settings, self.accelerator, layout, self.verifier_config)
         vocab_size = int(self.verifier_config["vocab_size"])
-        self.online = None
-        fixed_width = resolve_backend(train.attention_backend, self.device) == "flex"
-        max_rows = train.micro_batch_size if fixed_width else 0  # compiled flex: fixed shapes
-        if fixed_width:
-            limit_flex_recompiles(flex_shape_variants(len(row_buckets(max_rows))))
-        if train.data_mode == "offline":
-            from data_gen.store import FeatureDataset, read_token_counts
-
-            data_dir = Path(train.data_dir)
-            # features stay in their storage dtype through the loader; MicroBatch.to converts them on the device
-            self.train_set = FeatureDataset(data_dir / "train", dequantize=False)
-            heldout = data_dir / "heldout"
-            exists = (heldout / "manifest.json").is_file()
-            self.heldout_set = FeatureDataset(heldout, dequantize=False) if exists else None
-            manifest = self.train_set.manifest
-            self.aux_layer_ids = [int(i) for i in manifest["aux_layer_ids"]]
-            wanted = settings.verifier.aux_layer_ids
-            if wanted is not None and list(wanted) != self.aux_layer_ids:
-                raise ValueError(
-                    f"verifier.aux_layer_ids={list(wanted)} but the features in {data_dir} hold layers "
-                    f"{self.aux_layer_ids}; regenerate the data or drop the override"
-                )
-            if int(manifest["vocab_size"]) != vocab_size:
-                raise ValueError(
-                    f"{data_dir} was made with a {manifest['vocab_size']}-token verifier, but "
-                    f"{self.verifier_name} has {vocab_size}; point verifier.name_or_path at the data's verifier"
-                )
-            if int(manifest["hidden_size"]) != int(self.verifier_config["hidden_size"]):
-                raise ValueError(
-                    f"{data_dir} holds features of hidden size {manifest['hidden_size']}, but "
-                    f"{self.verifier_name} has {self.verifier_config['hidden_size']}; use the data's verifier"
-                )
-            counts, provenance = read_token_counts(data_dir)
-            self.collate = partial(
-                pack_documents,
-                max_length=train.max_length,
-                packing=train.packing,
-                noise_std=train.noise_std,
-                fixed_width=fixed_width,
-                max_rows=max_rows,
-            )
-            self.head_source = "files"
-        elif train.data_mode == "online":
-            from data_gen.capture import FeatureCapture
-            from speculators.verifier import load_verifier
-
-            with outside_zero3_init(self.accelerator):  # frozen: whole weights, not ZeRO-3 partitions
-                verifier, tokenizer = load_verifier(self.verifier_name, settings.verifier.dtype, self.device)
-            wanted = settings.verifier.aux_layer_ids
-            capture = FeatureCapture(verifier, list(wanted) if wanted else None, out_dtype=None)
-            self.aux_layer_ids = capture.aux_layer_ids
-            train_samples, heldout_samples = encode_conversations(settings.data, tokenizer)
-            self.train_set = TokenDataset(train_samples)
-            self.heldout_set = TokenDataset(heldout_samples) if heldout_samples else None
-            counts, provenance = self.train_set.token_counts(vocab_size), {"source": "online"}
-            self.collate = identity_collate
-            self.online = OnlineFeatures(
-                capture, train.max_length, train.packing, train.noise_std, fixed_width, max_rows
-            )
-            self.verifier = verifier
-            self.head_source = "model"
-        if train.max_samples is not None and train.max_samples < len(self.train_set):
-            # the first N samples only (data-scaling curves); the draft vocabulary still counts the whole split
-            self.train_set = Subset(self.train_set, range(train.max_samples))
         size = settings.model.draft_vocab_size
-        self.vocab = build_draft_vocab(counts, size or vocab_size, provenance)
+        self.vocab = build_draft_vocab(self.features.counts, size or vocab_size, self.features.provenance)
         self.plan = BatchPlan(
-            len(self.train_set),
+            len(self.features.train_set),
             train.micro_batch_size,
             train.grad_accum,
             self.world,
@@ -187,20 +114,16 @@ class Trainer:
             self.total_steps = min(self.total_steps, train.max_steps)
 
     def _prepare_model(self) -> None:
-        settings = self.settings
-        target_ids = self.vocab.target_ids
-        if self.head_source == "files":
-            head = TargetHead.from_verifier_files(self.verifier_name, self.verifier_config, target_ids)
-        else:
-            head = TargetHead.from_model(self.verifier, target_ids)
+        settings, train = self.settings, self.settings.train
+        head = self.features.target_head(self.vocab.target_ids)
         head_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         self.head = head.to(self.device, dtype=head_dtype)
-        self.draft_config = draft_config(settings, self.verifier_config, self.aux_layer_ids, self.vocab)
+        aux_layer_ids = self.features.aux_layer_ids
+        self.draft_config = draft_config(settings, self.verifier_config, aux_layer_ids, self.vocab)
         draft = build_draft(settings, self.draft_config, self.vocab, self.head)
-        train = settings.train
         if settings.model.fc_init == "feature_rms" and not train.init_from and self._resume_path() is None:
             # a resumed run loads its fc from the checkpoint: the data pass would be wasted
-            scale_fc_by_feature_rms(draft, self._feature_rms().to(draft.fc.weight.device))
+            scale_fc_by_feature_rms(draft, self.features.feature_rms().to(draft.fc.weight.device))
         model = TTTDraft(
             draft,
             self.steps,
@@ -219,36 +142,12 @@ class Trainer:
             return None
         return runs.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
 
-    # ---- batches ----------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def _feature_rms(self, samples: int = 16) -> torch.Tensor:
-        """RMS of every aux-feature dimension over the first training samples (the same on every rank)."""
-        items = [dict(self.train_set[i], noise_seed=0) for i in range(min(samples, len(self.train_set)))]
-        batch = self._materialize(self.collate(items))
-        features = batch.aux_hidden[batch.document_ids >= 0].float()
-        return features.pow(2).mean(0).sqrt()
-
-    def _materialize(self, item: Any, weight: float = 1.0) -> MicroBatch:
-        if self.online is not None:
-            return self.online(item, weight)
-        batch = item.to(self.device, dtype=None)
-        batch.weight = weight
-        return batch
-
-    def _eval_batches(self):
-        dataset = self.heldout_set
-        limit = self.settings.eval.max_samples
-        count = min(len(dataset), limit) if limit else len(dataset)
-        for group, weight in eval_groups(count, self.settings.train.micro_batch_size, self.world, self.rank):
-            samples = [dataset[i] for i in group]
-            yield self._materialize(samples if self.online else self.collate(samples), weight)
-
     # ---- one optimizer step -----------------------------------------------------------------------------
     def _train_step(self, window: list[Any], stats: StepStats) -> None:
         batches, masks = [], []
         positions = StepStats(self.steps, self.device)
         for item in window:
-            batch = self._materialize(item)
+            batch = self.features.batch(item)
             needed = needed_positions(batch.loss_mask)
             step_mask = step_masks(
                 batch.loss_mask,
@@ -291,13 +190,14 @@ class Trainer:
         self._announce(progress)
         per_epoch = self.plan.steps_per_epoch
         eval_every, save_every = settings.train.eval_every, settings.train.save_every
+        features = self.features
         loader = run_loader(
-            self.train_set,
+            features.train_set,
             self.plan,
             self.rank,
             progress.step,
             self.total_steps,
-            self.collate,
+            features.collate,
             settings.train.num_workers,
         )
         stream = iter(loader)
@@ -397,7 +297,7 @@ class Trainer:
             getattr(p, "ds_numel", p.numel()) for p in params if p.requires_grad
         )  # ZeRO-3: full size
         self.logger.write(
-            f"training {self.settings.train.algorithm} draft for {self.verifier_name}: {len(self.train_set)} "
+            f"training {self.settings.train.algorithm} draft for {self.verifier_name}: {len(self.features.train_set)} "
             f"samples, {self.plan.steps_per_epoch} steps/epoch × {self.settings.train.epochs} epochs → {self.total_steps} steps "
             f"(global batch {self.plan.global_batch} on {self.world} process(es), "
             f"{self.accelerator.distributed_type.value}), draft vocab {self.vocab.draft_vocab_size}, "
@@ -424,7 +324,8 @@ class Trainer:
 
     def _evaluate(self, progress: Progress) -> bool:
         """Validate if held-out data exists; returns True when the acceptance length is a new best."""
-        if self.heldout_set is None or len(self.heldout_set) == 0 or self._last_eval_step == progress.step:
+        heldout = self.features.heldout_set
+        if heldout is None or len(heldout) == 0 or self._last_eval_step == progress.step:
             return False
         self._last_eval_step = progress.step
         train = self.settings.train
@@ -432,7 +333,7 @@ class Trainer:
             self.accelerator,
             self.model,
             self.head,
-            self._eval_batches(),
+            self.features.eval_batches(),
             self.settings.eval.k,
             self.weights,
             train.hass.topk,
@@ -475,8 +376,8 @@ class Trainer:
         if getattr(self, "logger", None) is not None and failed:
             self.logger.close()
         del self.model, self.optimizer
-        self.__dict__.pop("verifier", None)
-        self.__dict__.pop("online", None)
+        if getattr(self, "features", None) is not None:
+            self.features.close()
         gc.collect()
         acc.end_training()
         reset_distributed()

@@ -100,15 +100,15 @@ def test_an_epoch_compiles_a_fixed_set_of_flex_shapes(flex_trainer):
 
     rows_seen, widths = set(), set()
     steps = trainer.plan.steps_per_epoch
-    loader = run_loader(trainer.train_set, trainer.plan, 0, 0, steps, trainer.collate)
+    loader = run_loader(trainer.features.train_set, trainer.plan, 0, 0, steps, trainer.features.collate)
     with torch.enable_grad():
         for item in loader:
-            batch = trainer._materialize(item)
+            batch = trainer.features.batch(item)
             rows_seen.add(int(batch.document_ids.shape[0]))
             widths.add(int(batch.document_ids.shape[1]))
             unroll_attention(trainer, batch.document_ids, trainer.steps)
     with torch.no_grad():
-        for batch in trainer._eval_batches():
+        for batch in trainer.features.eval_batches():
             rows_seen.add(int(batch.document_ids.shape[0]))
             unroll_attention(trainer, batch.document_ids, trainer.settings.eval.k)
     # an epoch of packed micro batches of 4 hit 2 AND 4 rows (3 are padded to 4), all max_length wide
@@ -117,7 +117,7 @@ def test_an_epoch_compiles_a_fixed_set_of_flex_shapes(flex_trainer):
 
     # another epoch and evaluation compile nothing new
     with torch.no_grad():
-        for batch in trainer._eval_batches():
+        for batch in trainer.features.eval_batches():
             unroll_attention(trainer, batch.document_ids, trainer.settings.eval.k)
     assert cache_entries(flex_attention) == 2 * len(rows_seen)
 
