@@ -11,8 +11,9 @@ Writes one JSON file with four sections:
 4. ``export``: the trained draft written as a speculators checkpoint and validated.
 
 Needs only torch, transformers, accelerate, safetensors and numpy: no hydra, omegaconf, deepspeed, datasets or
-vLLM (train/ modules that import omegaconf are not used; the recipe's settings are below and a CPU test checks
-them against the composed recipe). ``--cpu-smoke`` runs the same code with tiny shapes on CPU in seconds.
+vLLM (train/ modules that import omegaconf are not used; the recipe's values are below, read through
+:class:`train.settings.TrainSettings` as the trainer reads them, and a CPU test checks them against the composed
+recipe). ``--cpu-smoke`` runs the same code with tiny shapes on CPU in seconds.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def flex_vs_dense(device: str, shape: tuple[int, int, int, int, int], steps: int
         name = str(dtype).removeprefix("torch.")
         grads = device == "cuda"  # flex has no backward on CPU: the smoke run compares values only
         got = _attention_with_grads(
-            lambda q, k, v, d: flex_ttt_attention(q, k, v, d, compiled=device == "cuda"),
+            lambda q, k, v, d: flex_ttt_attention(q, k, v, d, compile_backend="auto"),
             q0, k0, v0, document_ids, dtype, grads,
         )  # fmt: skip
         tol = TOLERANCES[name]
@@ -122,8 +123,9 @@ def materialize(module: torch.nn.Module, device: str, seed: int = 0) -> torch.nn
 def build_draft(recipe: dict[str, Any], verifier_config: dict[str, Any], device: str, dtype: torch.dtype):
     """The recipe's draft (TTTDraft), random, on ``device`` in ``dtype``, with the backend the trainer picks."""
     from train.memory_plan import build_meta_draft, meta_head
+    from train.settings import TrainSettings
 
-    model, draft_config = build_meta_draft(recipe, verifier_config, torch.float32)
+    model, draft_config = build_meta_draft(TrainSettings.from_config(recipe), verifier_config, torch.float32)
     model = materialize(model, device)
     draft = model.draft
     draft.d2t.zero_()
@@ -150,12 +152,13 @@ def train_draft(
     import torch._dynamo
 
     from train.losses import step_masks, step_terms, step_weights
+    from train.settings import TrainSettings
     from train.targets import needed_positions, target_draft_ids, target_logits
 
     dtype = torch.bfloat16
     model, head, draft_config = build_draft(recipe, verifier_config, device, dtype)
-    train = recipe["train"]
-    rows, length, ttt = int(train["micro_batch_size"]), int(train["max_length"]), int(train["ttt_steps"])
+    train = TrainSettings.from_config(recipe).train
+    rows, length, ttt = train.micro_batch_size, train.max_length, train.ttt_steps
     hidden = int(verifier_config["hidden_size"])
     aux = len(draft_config.eagle_aux_hidden_state_layer_ids) * hidden
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -168,7 +171,7 @@ def train_draft(
         "last_hidden": torch.randn(rows, length, hidden, generator=generator).to(dtype),
     }
     batch = {key: value.to(device) for key, value in batch.items()}
-    weights = step_weights(ttt, float(train["step_weight_decay"]))
+    weights = step_weights(ttt, train.step_weight_decay)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     needed = needed_positions(batch["loss_mask"])
     masks = step_masks(

@@ -14,6 +14,7 @@ CPU/GPU differ only in choices made here at run time (dtype, process-group backe
 
 from __future__ import annotations
 
+import copy
 import importlib
 import math
 import os
@@ -24,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from speculators import runs
 from speculators.format.config import Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
 from speculators.verifier import resolve_dtype, resolve_verifier_path, verifier_embedding
 from speculators.vocab import DraftVocab
+from train.settings import OptimSettings, TrainSettings
 from train.targets import TargetHead
 
 
@@ -95,14 +96,15 @@ def outside_zero3_init(accelerator) -> Iterator[None]:
             set_hf_deepspeed_config(plugin.dschf)
 
 
-def deepspeed_config(cfg: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
+def deepspeed_config(settings: TrainSettings, dtype: torch.dtype) -> dict[str, Any]:
     """The recipe's DeepSpeed dict with the values the trainer owns filled in (no ``auto`` left to guess)."""
-    config = OmegaConf.to_container(cfg.deepspeed.config, resolve=True) or {}
+    config = copy.deepcopy(settings.deepspeed.config or {})
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    config["train_micro_batch_size_per_gpu"] = int(cfg.train.micro_batch_size)
-    config["gradient_accumulation_steps"] = int(cfg.train.grad_accum)
-    config["train_batch_size"] = int(cfg.train.micro_batch_size) * int(cfg.train.grad_accum) * world
-    config["gradient_clipping"] = float(cfg.optim.grad_clip or 0.0)
+    micro, accum = settings.train.micro_batch_size, settings.train.grad_accum
+    config["train_micro_batch_size_per_gpu"] = micro
+    config["gradient_accumulation_steps"] = accum
+    config["train_batch_size"] = micro * accum * world
+    config["gradient_clipping"] = settings.optim.clip_norm
     config["bf16"] = {"enabled": dtype == torch.bfloat16}
     config.pop("fp16", None)
     config["zero_allow_untested_optimizer"] = True
@@ -114,26 +116,27 @@ def deepspeed_config(cfg: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
     return config
 
 
-def make_accelerator(cfg: DictConfig, dtype: torch.dtype):
+def make_accelerator(settings: TrainSettings, dtype: torch.dtype):
     from accelerate import Accelerator
     from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 
     cuda = torch.cuda.is_available()
-    distributed = bool(cfg.deepspeed.enabled) or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    deepspeed = settings.deepspeed
+    distributed = deepspeed.enabled or int(os.environ.get("WORLD_SIZE", "1")) > 1
     # gloo only where a process group is made: forcing a backend on a lone plain process breaks accelerate
     handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not cuda else []
-    grad_accum = int(cfg.train.grad_accum)
-    if cfg.deepspeed.enabled:
+    grad_accum = settings.train.grad_accum
+    if deepspeed.enabled:
         if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
             raise RuntimeError(
                 "ACCELERATE_USE_CPU=true turns a DeepSpeed run into plain DDP; unset it and launch with "
                 "`accelerate launch --multi_gpu --num_processes N train/run.py ...` (DeepSpeed picks gloo on CPU)"
             )
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
-        if not cuda and not cfg.deepspeed.build_cpu_shm_op:
+        if not cuda and not deepspeed.build_cpu_shm_op:
             importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
         ensure_launcher_env()
-        plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(cfg, dtype))
+        plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(settings, dtype))
         return Accelerator(
             deepspeed_plugin=plugin, gradient_accumulation_steps=grad_accum, kwargs_handlers=handlers
         )
@@ -147,17 +150,17 @@ def make_accelerator(cfg: DictConfig, dtype: torch.dtype):
 
 # ---- the draft ----------------------------------------------------------------------------------------------
 def draft_config(
-    cfg: DictConfig, verifier_config: dict[str, Any], aux_layer_ids: list[int], vocab: DraftVocab
+    settings: TrainSettings, verifier_config: dict[str, Any], aux_layer_ids: list[int], vocab: DraftVocab
 ) -> Eagle3Config:
     return Eagle3Config.from_verifier(
         verifier_config,
-        name_or_path=resolve_verifier_path(str(cfg.verifier.name_or_path)),
+        name_or_path=resolve_verifier_path(settings.verifier.name_or_path),
         draft_vocab_size=vocab.draft_vocab_size,
         aux_layer_ids=aux_layer_ids,
-        speculative_tokens=int(cfg.export.speculative_tokens),
-        num_layers=int(cfg.model.num_layers),
-        layer_type=cfg.model.layer_type,
-        norm_before_residual=bool(cfg.model.norm_before_residual),
+        speculative_tokens=settings.export.speculative_tokens,
+        num_layers=settings.model.num_layers,
+        layer_type=settings.model.layer_type,
+        norm_before_residual=settings.model.norm_before_residual,
         torch_dtype="float32",
     )
 
@@ -175,18 +178,18 @@ def scale_fc_by_feature_rms(draft: Eagle3DraftModel, feature_rms: torch.Tensor) 
 
 
 def build_draft(
-    cfg: DictConfig, config: Eagle3Config, vocab: DraftVocab, head: TargetHead
+    settings: TrainSettings, config: Eagle3Config, vocab: DraftVocab, head: TargetHead
 ) -> Eagle3DraftModel:
     """A fresh draft (same init on every rank) with the verifier's embedding and, optionally, its lm_head rows."""
-    torch.manual_seed(int(cfg.seed))
+    torch.manual_seed(settings.seed)
     draft = Eagle3DraftModel(config)
     draft.set_vocab(vocab.d2t, vocab.t2d)
-    embedding = verifier_embedding(str(cfg.verifier.name_or_path))
+    embedding = verifier_embedding(settings.verifier.name_or_path)
     draft.embed_tokens.weight.data.copy_(embedding.to(draft.embed_tokens.weight.dtype))
-    if cfg.model.init_lm_head_from_verifier:
+    if settings.model.init_lm_head_from_verifier:
         draft.lm_head.weight.data.copy_(head.draft_weight.to(draft.lm_head.weight.dtype))
-    if cfg.train.init_from:
-        init_from_checkpoint(draft, Path(str(cfg.train.init_from)), vocab)
+    if settings.train.init_from:
+        init_from_checkpoint(draft, Path(settings.train.init_from), vocab)
     return draft
 
 
@@ -236,39 +239,34 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return groups
 
 
-def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    if cfg.optim.name != "adamw":
-        raise ValueError(f"optim.name={cfg.optim.name!r}: only adamw is implemented")
+def make_optimizer(optim: OptimSettings, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """torch AdamW, the only ``optim.name`` (checked with the settings)."""
     return torch.optim.AdamW(
-        param_groups(model, float(cfg.optim.weight_decay)),
-        lr=float(cfg.optim.lr),
-        betas=tuple(float(b) for b in cfg.optim.betas),
-        eps=float(cfg.optim.eps),
+        param_groups(model, optim.weight_decay), lr=optim.lr, betas=optim.betas, eps=optim.eps
     )
 
 
 # ---- the schedule -------------------------------------------------------------------------------------------
-def warmup_steps(cfg: DictConfig, total_steps: int) -> int:
-    if cfg.schedule.warmup_steps is not None:
-        return int(cfg.schedule.warmup_steps)
-    return int(math.ceil(float(cfg.schedule.warmup_ratio) * total_steps))
+def warmup_steps(settings: TrainSettings, total_steps: int) -> int:
+    if settings.schedule.warmup_steps is not None:
+        return settings.schedule.warmup_steps
+    return int(math.ceil(settings.schedule.warmup_ratio * total_steps))
 
 
-def lr_at(cfg: DictConfig, step: int, total_steps: int) -> float:
-    """Learning rate of optimizer step ``step`` (0-based): linear warmup, then cosine/linear decay or constant."""
-    peak = float(cfg.optim.lr)
-    floor = peak * float(cfg.schedule.min_lr_ratio)
-    warm = warmup_steps(cfg, total_steps)
+def lr_at(settings: TrainSettings, step: int, total_steps: int) -> float:
+    """Learning rate of optimizer step ``step`` (0-based): linear warmup, then cosine/linear decay or constant
+    (``schedule.name`` was checked with the settings, so an unknown name never gets this far)."""
+    peak = settings.optim.lr
+    floor = peak * settings.schedule.min_lr_ratio
+    warm = warmup_steps(settings, total_steps)
     if step < warm:
         return peak * (step + 1) / warm
-    if cfg.schedule.name == "constant":
+    if settings.schedule.name == "constant":
         return peak
     progress = min(1.0, (step - warm) / max(1, total_steps - warm))
-    if cfg.schedule.name == "cosine":
+    if settings.schedule.name == "cosine":
         return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    if cfg.schedule.name == "linear":
-        return floor + (peak - floor) * (1.0 - progress)
-    raise ValueError(f"schedule.name={cfg.schedule.name!r}: use cosine, linear or constant")
+    return floor + (peak - floor) * (1.0 - progress)  # linear
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

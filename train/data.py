@@ -1,5 +1,4 @@
-"""Batches for the trainer: a deterministic global-batch plan, packing with document ids, offline and online
-features.
+"""Batches for the trainer: a deterministic global-batch plan and packing with document ids.
 
 * :class:`BatchPlan` decides which samples every optimizer step uses from ``(seed, epoch, step)`` alone: the epoch
   permutation is split into global batches of ``micro_batch_size × grad_accum × world_size`` samples, and micro
@@ -14,10 +13,8 @@ features.
 * Feature noise (``train.noise_std``) is drawn per training document from ``(seed, epoch, sample index)``: the same
   on any number of processes and after any resume, without relying on RNG state. It is added on the device, in
   :meth:`MicroBatch.to`, together with the conversion of the features from their storage dtype.
-* Offline: samples come from :class:`data_gen.store.FeatureDataset` with their features, kept in the storage dtype
-  (bf16/fp8) through the DataLoader workers' shared memory. Online: from
-  :class:`TokenDataset` (token ids + loss masks only); :class:`OnlineFeatures` runs the verifier's
-  :class:`data_gen.capture.FeatureCapture` on the micro group (padded, unpacked) and then packs the result.
+* Where the samples and their features come from (offline shards or the verifier online) is
+  :mod:`train.features`.
 """
 
 from __future__ import annotations
@@ -95,7 +92,7 @@ class MicroBatch:
         self.noise = ()
 
 
-def _document(sample: dict[str, Any], max_length: int) -> dict[str, Any]:
+def truncated_document(sample: dict[str, Any], max_length: int) -> dict[str, Any]:
     keep = ("input_ids", "loss_mask", "aux_hidden", "last_hidden", "aux_scale", "last_scale")
     doc = {k: sample[k][:max_length] for k in keep if sample.get(k) is not None}
     if "noise_seed" in sample:
@@ -176,7 +173,7 @@ def pack_documents(
     otherwise recompile for every new shape). Feature noise (``noise_std``) and the conversion to
     ``feature_dtype`` happen in :meth:`MicroBatch.to`, on the device.
     """
-    docs = [_document(s, max_length) for s in samples]
+    docs = [truncated_document(s, max_length) for s in samples]
     lengths = [int(d["input_ids"].shape[0]) for d in docs]
     rows = assign_rows(lengths, max_length, packing)
     width = max_length if fixed_width else max(sum(lengths[i] for i in row) for row in rows)
@@ -328,103 +325,12 @@ def eval_groups(
     return mine
 
 
-# ---- offline / online sources -------------------------------------------------------------------------------
-class TokenDataset(Dataset):
-    """Tokenised samples for online training: ``{"sample_id", "input_ids", "loss_mask"}`` (no features)."""
-
-    def __init__(self, samples: Sequence[Any]) -> None:
-        self.samples = list(samples)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, item: int) -> dict[str, Any]:
-        sample = self.samples[item]
-        return {
-            "sample_id": sample.sample_id,
-            "input_ids": torch.tensor(sample.input_ids, dtype=torch.long),
-            "loss_mask": torch.tensor(sample.loss_mask, dtype=torch.bool),
-        }
-
-    def token_counts(self, vocab_size: int) -> torch.Tensor:
-        """Assistant-token counts (loss_mask == 1), the input of the draft vocabulary."""
-        counts = torch.zeros(vocab_size, dtype=torch.int64)
-        for sample in self.samples:
-            ids = torch.tensor(sample.input_ids, dtype=torch.long)[
-                torch.tensor(sample.loss_mask, dtype=torch.bool)
-            ]
-            counts += torch.bincount(ids, minlength=vocab_size)
-        return counts
-
-
-class OnlineFeatures:
-    """Verifier in the loop: captures features for a token-only micro group, then packs it."""
-
-    def __init__(
-        self,
-        capture: Any,
-        max_length: int,
-        packing: bool,
-        noise_std: float = 0.0,
-        fixed_width: bool = False,
-        max_rows: int = 0,
-    ) -> None:
-        self.capture, self.max_length, self.packing, self.noise_std = capture, max_length, packing, noise_std
-        self.fixed_width, self.max_rows = fixed_width, max_rows
-
-    def __call__(self, samples: list[dict[str, Any]], weight: float = 1.0) -> MicroBatch:
-        device = self.capture.device
-        docs = [_document(s, self.max_length) for s in samples]
-        width = max(int(d["input_ids"].shape[0]) for d in docs)
-        ids = torch.zeros(len(docs), width, dtype=torch.long)
-        attention = torch.zeros(len(docs), width, dtype=torch.long)
-        for i, doc in enumerate(docs):
-            ids[i, : len(doc["input_ids"])] = doc["input_ids"]
-            attention[i, : len(doc["input_ids"])] = 1
-        features = self.capture.capture(ids.to(device), attention.to(device))
-        for i, doc in enumerate(docs):
-            n = int(doc["input_ids"].shape[0])
-            doc["input_ids"] = doc["input_ids"].to(device)
-            doc["loss_mask"] = doc["loss_mask"].to(device)
-            doc["aux_hidden"] = features["aux_hidden"][i, :n]
-            doc["last_hidden"] = features["last_hidden"][i, :n]
-        batch = pack_documents(
-            docs, self.max_length, self.packing, self.noise_std, self.fixed_width, self.max_rows, None
-        ).to(device)  # features stay in the verifier's dtype; the noise is added here
-        batch.weight = weight
-        return batch
-
-
-def encode_conversations(data_cfg: Any, tokenizer: Any) -> tuple[list[Any], list[Any]]:
-    """Online mode: the recipe's conversations, split and masked exactly as data_gen does (no regeneration)."""
-    from omegaconf import OmegaConf
-
-    from data_gen.masks import ChatMasker
-    from data_gen.pipeline import encode_conversations as encode
-    from data_gen.sources import DataSettings, load_conversations, split_conversations
-
-    mapping = OmegaConf.to_container(data_cfg, resolve=True) if not isinstance(data_cfg, dict) else data_cfg
-    settings = DataSettings.from_mapping(mapping)
-    conversations, _ = load_conversations(settings)
-    train, heldout = split_conversations(conversations, settings.heldout_fraction, settings.seed)
-    masker = ChatMasker(tokenizer, settings.turn_mode, settings.chat_template)
-    return encode(masker, train, settings)[0], encode(masker, heldout, settings)[0]
-
-
-def identity_collate(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return samples
-
-
 __all__ = [
     "BatchPlan",
     "MicroBatch",
-    "OnlineFeatures",
-    "TokenDataset",
     "assign_rows",
-    "encode_conversations",
     "run_loader",
     "eval_groups",
-    "identity_collate",
     "pack_documents",
     "row_buckets",
 ]

@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from speculators.export.model_card import format_duration
+from train.settings import TrainSettings
 
 
 def console_line(record: dict[str, Any], total_steps: int) -> str:
@@ -45,7 +44,7 @@ def eval_line(record: dict[str, Any]) -> str:
 
 class RunLogger:
     def __init__(
-        self, cfg: DictConfig, run_dir: Path, is_main: bool, total_steps: int, start_step: int
+        self, settings: TrainSettings, run_dir: Path, is_main: bool, total_steps: int, start_step: int
     ) -> None:
         self.is_main = is_main
         self.run_dir = run_dir
@@ -56,15 +55,14 @@ class RunLogger:
         if not is_main:
             return
         self._truncate_after(start_step)
-        if cfg.logging.progress_bar:
+        if settings.logging.progress_bar:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(
                 total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, desc="train"
             )
-        mode = str(cfg.logging.wandb.mode)
-        if mode != "disabled":
-            self.wandb_run = self._start_wandb(cfg, mode)
+        if settings.logging.wandb.mode != "disabled":
+            self.wandb_run = self._start_wandb(settings)
 
     def _truncate_after(self, step: int) -> None:
         """A resumed run redoes the steps after its checkpoint: drop their records from the killed attempt."""
@@ -79,23 +77,23 @@ class RunLogger:
                 continue
         self.metrics_path.write_text("".join(f"{line}\n" for line in kept))
 
-    def _start_wandb(self, cfg: DictConfig, mode: str):
+    def _start_wandb(self, settings: TrainSettings):
         import wandb
 
         id_file = self.run_dir / "wandb_id"
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         id_file.write_text(run_id)
-        settings = cfg.logging.wandb
+        run = settings.logging.wandb
         return wandb.init(
-            project=settings.project,
-            entity=settings.entity,
-            name=settings.name,
-            tags=list(settings.tags or []),
-            mode=mode,
+            project=run.project,
+            entity=run.entity,
+            name=run.name,
+            tags=list(run.tags),
+            mode=run.mode,
             dir=str(self.run_dir),
             id=run_id,
             resume="allow",
-            config=OmegaConf.to_container(cfg, resolve=True),
+            config=settings.resolved,
         )
 
     def log(self, record: dict[str, Any], console: str | None = None) -> None:

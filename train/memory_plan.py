@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 from speculators.format.config import Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
+from train.settings import TrainSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_VERIFIERS = REPO_ROOT / "recipes" / "verifiers"
@@ -218,37 +219,42 @@ def frozen_bytes(
 
 
 # ---- the plan ------------------------------------------------------------------------------------------------
-def build_meta_draft(config: dict[str, Any], verifier_config: dict[str, Any], dtype: torch.dtype):
+def settings_of(config: TrainSettings | dict[str, Any]) -> TrainSettings:
+    """The settings of a resolved recipe (a plain dict), or ``config`` itself when it already is settings."""
+    return config if isinstance(config, TrainSettings) else TrainSettings.from_config(config)
+
+
+def build_meta_draft(
+    config: TrainSettings | dict[str, Any], verifier_config: dict[str, Any], dtype: torch.dtype
+):
     """The recipe's draft (``TTTDraft`` around ``Eagle3DraftModel``) with meta parameters, and its config."""
     from data_gen.capture import resolve_aux_layer_ids
     from train.unroll import TTTDraft
 
-    model_cfg, train_cfg = config["model"], config["train"]
-    vocab = int(verifier_config["vocab_size"])
+    settings = settings_of(config)
+    model_cfg, wanted = settings.model, settings.verifier.aux_layer_ids
     aux_ids = resolve_aux_layer_ids(
-        config["verifier"].get("aux_layer_ids"), int(verifier_config["num_hidden_layers"])
+        list(wanted) if wanted is not None else None, int(verifier_config["num_hidden_layers"])
     )
     draft_config = Eagle3Config.from_verifier(
         verifier_config,
-        name_or_path=str(config["verifier"]["name_or_path"]),
-        draft_vocab_size=int(model_cfg["draft_vocab_size"] or vocab),
+        name_or_path=settings.verifier.name_or_path,
+        draft_vocab_size=model_cfg.draft_vocab_size or int(verifier_config["vocab_size"]),
         aux_layer_ids=aux_ids,
-        speculative_tokens=int(config["export"]["speculative_tokens"]),
-        num_layers=int(model_cfg["num_layers"]),
-        layer_type=model_cfg.get("layer_type"),
-        norm_before_residual=bool(model_cfg["norm_before_residual"]),
+        speculative_tokens=settings.export.speculative_tokens,
+        num_layers=model_cfg.num_layers,
+        layer_type=model_cfg.layer_type,
+        norm_before_residual=model_cfg.norm_before_residual,
         torch_dtype="float32",
     )
     with torch.device("meta"):
         draft = Eagle3DraftModel(draft_config).to(dtype)
     model = TTTDraft(
         draft,
-        int(train_cfg["ttt_steps"]),
-        detach_context=bool(train_cfg["hass"]["detach_context"])
-        if train_cfg["algorithm"] == "hass"
-        else False,
+        settings.train.ttt_steps,
+        detach_context=settings.train.detach_context,
         attention_backend="chunked",
-        chunk_size=int(train_cfg["attention_chunk"]),
+        chunk_size=settings.train.attention_chunk,
     )
     return model, draft_config
 
@@ -274,34 +280,30 @@ def online_verifier_params(verifier_config: dict[str, Any]) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def plan_memory(config: dict[str, Any]) -> dict[str, Any]:
-    """The memory plan of the resolved recipe ``config`` (a plain dict)."""
+def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
+    """The memory plan of a recipe: its settings, or the resolved recipe (a plain dict)."""
     started = time.perf_counter()
-    train_cfg = config["train"]
-    verifier_name = str(config["verifier"]["name_or_path"])
+    settings = settings_of(config)
+    train_cfg = settings.train
+    verifier_name = settings.verifier.name_or_path
     verifier_config = plan_verifier_config(verifier_name)
-    bf16 = str(train_cfg["dtype"]) in ("auto", "bf16", "bfloat16")  # auto = bf16 on the GPUs this plans for
+    bf16 = train_cfg.dtype in ("auto", "bf16", "bfloat16")  # auto = bf16 on the GPUs this plans for
     dtype = torch.bfloat16 if bf16 else torch.float32
-    model, draft_config = build_meta_draft(config, verifier_config, dtype)
+    model, draft_config = build_meta_draft(settings, verifier_config, dtype)
     head = meta_head(verifier_config, draft_config.draft_vocab_size, dtype)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     draft_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     head_params = sum(t.numel() for t in head.buffers() if t.is_floating_point())
     head_params += sum(p.numel() for p in head.parameters())
-    online = train_cfg["data_mode"] == "online"
+    online = train_cfg.data_mode == "online"
     verifier_params = online_verifier_params(verifier_config) if online else 0
-    rows, length = int(train_cfg["micro_batch_size"]), int(train_cfg["max_length"])
+    rows, length = train_cfg.micro_batch_size, train_cfg.max_length
     hidden = int(verifier_config["hidden_size"])
     aux_width = len(draft_config.eagle_aux_hidden_state_layer_ids) * hidden
     batch = meta_batch(rows, length, aux_width, hidden, dtype)
-    ttt = int(train_cfg["ttt_steps"])
-    weights = [float(train_cfg["step_weight_decay"]) ** j for j in range(ttt)]
-    topk = (
-        int(train_cfg["hass"]["topk"])
-        if train_cfg["algorithm"] == "hass" and float(train_cfg["hass"]["topk_weight"])
-        else 0
-    )
-    activations = trace_step(model, head, batch, weights, topk)
+    ttt = train_cfg.ttt_steps
+    weights = [train_cfg.step_weight_decay**j for j in range(ttt)]
+    activations = trace_step(model, head, batch, weights, train_cfg.topk)
     static, peak, frozen = {}, {}, {}
     for stage in STAGES:
         key = f"zero{stage}"
@@ -312,18 +314,13 @@ def plan_memory(config: dict[str, Any]) -> dict[str, Any]:
                 frozen_bytes(draft_frozen, head_params, verifier_params, stage, n, bf16)
             )
             peak[key][str(n)] = static[key][str(n)] + frozen[key][str(n)] + batch_bytes(batch) + activations
-    deepspeed = config.get("deepspeed") or {}
-    recipe_stage = (
-        int(((deepspeed.get("config") or {}).get("zero_optimization") or {}).get("stage", 0))
-        if deepspeed.get("enabled")
-        else 0
-    )
+    recipe_stage = settings.deepspeed.zero_stage
     return {
-        "recipe": config.get("recipe_name"),
+        "recipe": settings.recipe_name,
         "verifier": verifier_name,
         "verifier_config": str(shipped_verifier_dir(verifier_name) or "the verifier's own config.json"),
         "dtype": "bfloat16" if bf16 else "float32",
-        "data_mode": train_cfg["data_mode"],
+        "data_mode": train_cfg.data_mode,
         "micro_batch_size": rows,
         "max_length": length,
         "ttt_steps": ttt,
@@ -360,7 +357,7 @@ def summary_line(plan: dict[str, Any]) -> str:
     )
 
 
-def write_plan(config: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
+def write_plan(config: TrainSettings | dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """Plan, write ``<run_dir>/memory_plan.json`` atomically and print the one-line summary."""
     plan = plan_memory(config)
     run_dir = Path(run_dir)

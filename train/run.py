@@ -57,18 +57,19 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
 
 @hydra.main(config_path="../recipes", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    from train.settings import TrainSettings
+
     cfg = finalize_config(cfg)
     run_dir = Path(str(cfg.run_dir))
-    if cfg.train.dry_run:  # the memory plan only: no data, no DeepSpeed, no weights
-        from omegaconf import OmegaConf
-
+    settings = TrainSettings.from_config(cfg)  # every problem of the recipe, before anything starts
+    if settings.train.dry_run:  # the memory plan only: no data, no DeepSpeed, no weights
         from train.memory_plan import write_plan
 
-        write_plan(OmegaConf.to_container(cfg, resolve=True), run_dir)
+        write_plan(settings, run_dir)
         return None
     from train.trainer import train  # writes <run_dir>/config.yaml (the resolved recipe) first
 
-    result = train(cfg, run_dir)
+    result = train(settings, run_dir)
     best = result.get("best", {}).get("acceptance_length")
     return float(best) if best is not None else None  # what a Hydra sweeper would optimise
 

@@ -22,13 +22,10 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
-from torch.utils.data import Subset
 
 from speculators import runs
 from speculators.verifier import verifier_config_dict
@@ -41,31 +38,19 @@ from train.assemble import (
     lr_at,
     make_accelerator,
     make_optimizer,
-    outside_zero3_init,
     scale_fc_by_feature_rms,
     set_lr,
 )
-from train.data import (
-    BatchPlan,
-    MicroBatch,
-    OnlineFeatures,
-    TokenDataset,
-    encode_conversations,
-    eval_groups,
-    identity_collate,
-    pack_documents,
-    row_buckets,
-    run_loader,
-)
+from train.data import BatchPlan, row_buckets, run_loader
 from train.evaluation import evaluate
+from train.features import RowLayout, open_features
 from train.logs import RunLogger, console_line, eval_line
 from train.losses import step_masks, step_terms, step_weights
+from train.settings import TrainSettings
 from train.step_stats import StepStats
-from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
-from train.ttt_attention import flex_shape_variants, limit_flex_recompiles, resolve_backend
+from train.targets import needed_positions, target_draft_ids, target_logits
+from train.ttt_attention import flex_shape_variants, limit_flex_recompiles
 from train.unroll import TTTDraft
-
-ALGORITHMS = ("eagle3", "hass")
 
 
 @dataclass
@@ -85,199 +70,98 @@ class Progress:
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, run_dir: str | Path) -> None:
-        self.cfg = cfg
-        self.run_dir = Path(run_dir)
-        train = cfg.train
-        if train.algorithm not in ALGORITHMS:
-            raise ValueError(f"train.algorithm={train.algorithm!r}: use one of {ALGORITHMS}")
-        self.hass = train.algorithm == "hass"
-        self.steps = int(train.ttt_steps)
-        self.weights = step_weights(self.steps, float(train.step_weight_decay))
-        self.topk = int(train.hass.topk)
-        self.topk_weight = float(train.hass.topk_weight) if self.hass else 0.0
-        self.dtype = compute_dtype(str(train.dtype))
+    def __init__(self, config: TrainSettings | Any, run_dir: str | Path) -> None:
+        """``config``: the settings, or a composed recipe (checked here, before the accelerator starts)."""
+        settings = config if isinstance(config, TrainSettings) else TrainSettings.from_config(config)
+        self.settings, self.run_dir = settings, Path(run_dir)
+        train = settings.train
+        self.steps = train.ttt_steps
+        self.weights = step_weights(self.steps, train.step_weight_decay)
+        self.dtype = compute_dtype(train.dtype)
         logging.getLogger("accelerate").setLevel(logging.WARNING)  # our own lines say what was saved
         if train.cpu_threads and not torch.cuda.is_available():
-            torch.set_num_threads(int(train.cpu_threads))  # small CPU ops drown in thread sync on a busy host
-        self.accelerator = make_accelerator(cfg, self.dtype)
+            torch.set_num_threads(train.cpu_threads)  # small CPU ops drown in thread sync on a busy host
+        self.accelerator = make_accelerator(settings, self.dtype)
         self.device = self.accelerator.device
         self.is_main = self.accelerator.is_main_process
         self.world = self.accelerator.num_processes
         self.rank = self.accelerator.process_index
-        self.verifier_name = str(cfg.verifier.name_or_path)
+        self.verifier_name = settings.verifier.name_or_path
         self.verifier_config = verifier_config_dict(self.verifier_name)
         self._prepare_data()
         self._prepare_model()
 
     # ---- set-up -----------------------------------------------------------------------------------------
     def _prepare_data(self) -> None:
-        cfg, train = self.cfg, self.cfg.train
+        settings, train = self.settings, self.settings.train
+        layout = RowLayout.of(train, self.device)
+        if layout.fixed_width:  # compiled flex: a fixed set of shapes, and recompiling past it is an error
+            limit_flex_recompiles(flex_shape_variants(len(row_buckets(layout.max_rows))))
+        self.features = open_features(settings, self.accelerator, layout, self.verifier_config)
         vocab_size = int(self.verifier_config["vocab_size"])
-        self.online = None
-        fixed_width = resolve_backend(str(train.attention_backend), self.device) == "flex"
-        max_rows = int(train.micro_batch_size) if fixed_width else 0  # compiled flex: fixed shapes
-        if fixed_width:
-            limit_flex_recompiles(flex_shape_variants(len(row_buckets(max_rows))))
-        if train.data_mode == "offline":
-            from data_gen.store import FeatureDataset, read_token_counts
-
-            data_dir = Path(str(train.data_dir))
-            # features stay in their storage dtype through the loader; MicroBatch.to converts them on the device
-            self.train_set = FeatureDataset(data_dir / "train", dequantize=False)
-            heldout = data_dir / "heldout"
-            exists = (heldout / "manifest.json").is_file()
-            self.heldout_set = FeatureDataset(heldout, dequantize=False) if exists else None
-            manifest = self.train_set.manifest
-            self.aux_layer_ids = [int(i) for i in manifest["aux_layer_ids"]]
-            wanted = cfg.verifier.aux_layer_ids
-            if wanted is not None and [int(i) for i in wanted] != self.aux_layer_ids:
-                raise ValueError(
-                    f"verifier.aux_layer_ids={list(wanted)} but the features in {data_dir} hold layers "
-                    f"{self.aux_layer_ids}; regenerate the data or drop the override"
-                )
-            if int(manifest["vocab_size"]) != vocab_size:
-                raise ValueError(
-                    f"{data_dir} was made with a {manifest['vocab_size']}-token verifier, but "
-                    f"{self.verifier_name} has {vocab_size}; point verifier.name_or_path at the data's verifier"
-                )
-            if int(manifest["hidden_size"]) != int(self.verifier_config["hidden_size"]):
-                raise ValueError(
-                    f"{data_dir} holds features of hidden size {manifest['hidden_size']}, but "
-                    f"{self.verifier_name} has {self.verifier_config['hidden_size']}; use the data's verifier"
-                )
-            counts, provenance = read_token_counts(data_dir)
-            self.collate = partial(
-                pack_documents,
-                max_length=int(train.max_length),
-                packing=bool(train.packing),
-                noise_std=float(train.noise_std),
-                fixed_width=fixed_width,
-                max_rows=max_rows,
-            )
-            self.head_source = "files"
-        elif train.data_mode == "online":
-            from data_gen.capture import FeatureCapture
-            from speculators.verifier import load_verifier
-
-            with outside_zero3_init(self.accelerator):  # frozen: whole weights, not ZeRO-3 partitions
-                verifier, tokenizer = load_verifier(self.verifier_name, cfg.verifier.dtype, self.device)
-            capture = FeatureCapture(verifier, cfg.verifier.aux_layer_ids, out_dtype=None)
-            self.aux_layer_ids = capture.aux_layer_ids
-            train_samples, heldout_samples = encode_conversations(cfg.data, tokenizer)
-            self.train_set = TokenDataset(train_samples)
-            self.heldout_set = TokenDataset(heldout_samples) if heldout_samples else None
-            counts, provenance = self.train_set.token_counts(vocab_size), {"source": "online"}
-            self.collate = identity_collate
-            self.online = OnlineFeatures(
-                capture,
-                int(train.max_length),
-                bool(train.packing),
-                float(train.noise_std),
-                fixed_width,
-                max_rows,
-            )
-            self.verifier = verifier
-            self.head_source = "model"
-        else:
-            raise ValueError(f"train.data_mode={train.data_mode!r}: use offline or online")
-        if train.max_samples is not None and int(train.max_samples) < len(self.train_set):
-            # the first N samples only (data-scaling curves); the draft vocabulary still counts the whole split
-            self.train_set = Subset(self.train_set, range(int(train.max_samples)))
-        size = cfg.model.draft_vocab_size
-        self.vocab = build_draft_vocab(counts, int(size) if size else vocab_size, provenance)
+        size = settings.model.draft_vocab_size
+        self.vocab = build_draft_vocab(self.features.counts, size or vocab_size, self.features.provenance)
         self.plan = BatchPlan(
-            len(self.train_set),
-            int(train.micro_batch_size),
-            int(train.grad_accum),
+            len(self.features.train_set),
+            train.micro_batch_size,
+            train.grad_accum,
             self.world,
-            int(cfg.seed),
-            bool(train.shuffle),
+            settings.seed,
+            train.shuffle,
         )
-        per_epoch = self.plan.steps_per_epoch
-        self.total_steps = int(train.epochs) * per_epoch
+        self.total_steps = train.epochs * self.plan.steps_per_epoch
         if train.max_steps:
-            self.total_steps = min(self.total_steps, int(train.max_steps))
+            self.total_steps = min(self.total_steps, train.max_steps)
 
     def _prepare_model(self) -> None:
-        cfg = self.cfg
-        target_ids = self.vocab.target_ids
-        if self.head_source == "files":
-            head = TargetHead.from_verifier_files(self.verifier_name, self.verifier_config, target_ids)
-        else:
-            head = TargetHead.from_model(self.verifier, target_ids)
+        settings, train = self.settings, self.settings.train
+        head = self.features.target_head(self.vocab.target_ids)
         head_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         self.head = head.to(self.device, dtype=head_dtype)
-        self.draft_config = draft_config(cfg, self.verifier_config, self.aux_layer_ids, self.vocab)
-        draft = build_draft(cfg, self.draft_config, self.vocab, self.head)
-        fc_init = str(cfg.model.fc_init)  # recipes/model/eagle3.yaml
-        if fc_init == "feature_rms" and not cfg.train.init_from and self._resume_path() is None:
+        aux_layer_ids = self.features.aux_layer_ids
+        self.draft_config = draft_config(settings, self.verifier_config, aux_layer_ids, self.vocab)
+        draft = build_draft(settings, self.draft_config, self.vocab, self.head)
+        if settings.model.fc_init == "feature_rms" and not train.init_from and self._resume_path() is None:
             # a resumed run loads its fc from the checkpoint: the data pass would be wasted
-            scale_fc_by_feature_rms(draft, self._feature_rms().to(draft.fc.weight.device))
-        elif fc_init not in ("default", "feature_rms"):
-            raise ValueError(f"model.fc_init={fc_init!r}: use default or feature_rms")
+            scale_fc_by_feature_rms(draft, self.features.feature_rms().to(draft.fc.weight.device))
         model = TTTDraft(
             draft,
             self.steps,
-            detach_context=bool(cfg.train.hass.detach_context) if self.hass else False,
-            attention_backend=str(cfg.train.attention_backend),
-            chunk_size=int(cfg.train.attention_chunk),
+            detach_context=train.detach_context,
+            attention_backend=train.attention_backend,
+            chunk_size=train.attention_chunk,
         )
-        optimizer = make_optimizer(cfg, model)
+        optimizer = make_optimizer(settings.optim, model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.is_deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
 
     def _resume_path(self) -> Path | None:
         """The checkpoint :meth:`_start` loads (``train.resume``), or None for a fresh start."""
-        resume = str(self.cfg.train.resume)
+        resume = self.settings.train.resume
         if resume == "never":
             return None
         return runs.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
-
-    # ---- batches ----------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def _feature_rms(self, samples: int = 16) -> torch.Tensor:
-        """RMS of every aux-feature dimension over the first training samples (the same on every rank)."""
-        items = [dict(self.train_set[i], noise_seed=0) for i in range(min(samples, len(self.train_set)))]
-        batch = self._materialize(self.collate(items))
-        features = batch.aux_hidden[batch.document_ids >= 0].float()
-        return features.pow(2).mean(0).sqrt()
-
-    def _materialize(self, item: Any, weight: float = 1.0) -> MicroBatch:
-        if self.online is not None:
-            return self.online(item, weight)
-        batch = item.to(self.device, dtype=None)
-        batch.weight = weight
-        return batch
-
-    def _eval_batches(self):
-        dataset = self.heldout_set
-        limit = self.cfg.eval.max_samples
-        count = min(len(dataset), int(limit)) if limit else len(dataset)
-        for group, weight in eval_groups(count, int(self.cfg.train.micro_batch_size), self.world, self.rank):
-            samples = [dataset[i] for i in group]
-            yield self._materialize(samples if self.online else self.collate(samples), weight)
 
     # ---- one optimizer step -----------------------------------------------------------------------------
     def _train_step(self, window: list[Any], stats: StepStats) -> None:
         batches, masks = [], []
         positions = StepStats(self.steps, self.device)
         for item in window:
-            batch = self._materialize(item)
+            batch = self.features.batch(item)
             needed = needed_positions(batch.loss_mask)
             step_mask = step_masks(
                 batch.loss_mask,
                 batch.document_ids,
                 target_draft_ids(self.head, batch.last_hidden, needed),
                 self.steps,
-                bool(self.cfg.train.mask_out_of_vocab),
+                self.settings.train.mask_out_of_vocab,
             )
             positions.add_positions(step_mask)
             batches.append(batch)
             masks.append(step_mask)
         trained = positions.all_reduce(self.accelerator).trained.to(self.device).clamp_min(1.0)
         scale = float(self.world * self.plan.grad_accum)
-        topk = self.topk if self.topk_weight else 0
+        topk, topk_weight = self.settings.train.topk, self.settings.train.topk_weight
         for batch, step_mask in zip(batches, masks, strict=True):
             with self.accelerator.accumulate(self.model):
                 logits = self.model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids)
@@ -287,12 +171,12 @@ class Trainer:
                 loss = logits[0].new_zeros((), dtype=torch.float32)
                 for j, weight in enumerate(self.weights):
                     terms = step_terms(logits[j], verifier_logits, step_mask, j, topk)
-                    loss = loss + weight * (terms.ce + self.topk_weight * terms.topk) / trained[j].float()
+                    loss = loss + weight * (terms.ce + topk_weight * terms.topk) / trained[j].float()
                     stats.add_terms(j, terms)
                 stats.add_positions(step_mask)
                 stats.add_batch(batch.num_tokens, batch.num_documents)
                 self.accelerator.backward(loss * scale)
-                clip = float(self.cfg.optim.grad_clip or 0.0)
+                clip = self.settings.optim.clip_norm
                 if self.accelerator.sync_gradients and clip > 0 and not self.is_deepspeed:
                     self.accelerator.clip_grad_norm_(self.model.parameters(), clip)
                 self.optimizer.step()
@@ -300,27 +184,28 @@ class Trainer:
 
     # ---- the loop ---------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        cfg = self.cfg
+        settings = self.settings
         progress = self._start()
-        self.logger = RunLogger(cfg, self.run_dir, self.is_main, self.total_steps, progress.step)
+        self.logger = RunLogger(settings, self.run_dir, self.is_main, self.total_steps, progress.step)
         self._announce(progress)
         per_epoch = self.plan.steps_per_epoch
-        eval_every, save_every = int(cfg.train.eval_every), int(cfg.train.save_every)
+        eval_every, save_every = settings.train.eval_every, settings.train.save_every
+        features = self.features
         loader = run_loader(
-            self.train_set,
+            features.train_set,
             self.plan,
             self.rank,
             progress.step,
             self.total_steps,
-            self.collate,
-            int(cfg.train.num_workers),
+            features.collate,
+            settings.train.num_workers,
         )
         stream = iter(loader)
         self._window = {"stats": StepStats(self.steps, self.device), "seconds": 0.0, "since": progress.step}
         self._run_start = (time.time(), progress.step)
         self._last_eval_step = self._last_save_step = progress.step if progress.step else -1
         while progress.step < self.total_steps:
-            lr = lr_at(cfg, progress.step, self.total_steps)
+            lr = lr_at(settings, progress.step, self.total_steps)
             set_lr(self.optimizer, lr)
             window = [next(stream) for _ in range(self.plan.grad_accum)]
             started = time.time()
@@ -331,7 +216,7 @@ class Trainer:
             progress.samples_seen += self.plan.global_batch
             last = progress.step == self.total_steps
             epoch_end = progress.step_in_epoch == 0
-            log_every = int(cfg.logging.log_every)
+            log_every = settings.logging.log_every
             if (log_every and progress.step % log_every == 0) or last:
                 self._log_train(progress, lr)
             improved = False
@@ -364,16 +249,16 @@ class Trainer:
     def _start(self) -> Progress:
         """Fresh start or exact resume from the newest complete checkpoint (``train.resume``)."""
         acc = self.accelerator
-        resume = str(self.cfg.train.resume)
+        resume = self.settings.train.resume
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.write_run_config(self.run_dir, self.cfg, hydra_overrides())
+            ckpt.write_run_config(self.run_dir, self.settings.resolved, hydra_overrides())
             ckpt.remove_partials(self.run_dir)
             self.vocab.save(self.run_dir / runs.DRAFT_VOCAB_NAME)
         acc.wait_for_everyone()
         torch.manual_seed(
-            int(self.cfg.seed) * 1000 + self.rank
-        )  # any stray randomness: per rank, restored on resume
+            self.settings.seed * 1000 + self.rank
+        )  # stray randomness: per rank, restored on resume
         progress = Progress(world_size=self.world, global_batch=self.plan.global_batch)
         if resume == "never":
             if runs.list_checkpoints(self.run_dir):
@@ -412,8 +297,8 @@ class Trainer:
             getattr(p, "ds_numel", p.numel()) for p in params if p.requires_grad
         )  # ZeRO-3: full size
         self.logger.write(
-            f"training {self.cfg.train.algorithm} draft for {self.verifier_name}: {len(self.train_set)} samples, "
-            f"{self.plan.steps_per_epoch} steps/epoch × {self.cfg.train.epochs} epochs → {self.total_steps} steps "
+            f"training {self.settings.train.algorithm} draft for {self.verifier_name}: {len(self.features.train_set)} "
+            f"samples, {self.plan.steps_per_epoch} steps/epoch × {self.settings.train.epochs} epochs → {self.total_steps} steps "
             f"(global batch {self.plan.global_batch} on {self.world} process(es), "
             f"{self.accelerator.distributed_type.value}), draft vocab {self.vocab.draft_vocab_size}, "
             f"{trainable / 1e6:.1f}M trainable parameters, dtype {str(self.dtype).removeprefix('torch.')}, "
@@ -430,29 +315,30 @@ class Trainer:
             "kind": "train",
             "epoch": round(progress.step / self.plan.steps_per_epoch, 4),
             "lr": lr,
-            "train/loss": total.loss(self.weights, self.topk_weight),
+            "train/loss": total.loss(self.weights, self.settings.train.topk_weight),
             "tokens": tokens,
             "tokens_per_s": tokens / max(elapsed, 1e-9),
             "steps_per_s": (progress.step - since) / max(elapsed, 1e-9),
-            **total.per_step_metrics("train", with_topk=bool(self.topk_weight)),
+            **total.per_step_metrics("train", with_topk=bool(self.settings.train.topk_weight)),
         }
 
     def _evaluate(self, progress: Progress) -> bool:
         """Validate if held-out data exists; returns True when the acceptance length is a new best."""
-        if self.heldout_set is None or len(self.heldout_set) == 0 or self._last_eval_step == progress.step:
+        heldout = self.features.heldout_set
+        if heldout is None or len(heldout) == 0 or self._last_eval_step == progress.step:
             return False
         self._last_eval_step = progress.step
-        k = int(self.cfg.eval.k)
+        train = self.settings.train
         metrics = evaluate(
             self.accelerator,
             self.model,
             self.head,
-            self._eval_batches(),
-            k,
+            self.features.eval_batches(),
+            self.settings.eval.k,
             self.weights,
-            self.topk,
-            self.topk_weight,
-            bool(self.cfg.train.mask_out_of_vocab),
+            train.hass.topk,
+            train.topk_weight,
+            train.mask_out_of_vocab,
         )
         progress.metrics = metrics
         epoch = round(progress.step / self.plan.steps_per_epoch, 4)
@@ -476,7 +362,7 @@ class Trainer:
                 runs.write_best(
                     self.run_dir, progress.step, progress.best["acceptance_length"], progress.metrics
                 )
-            ckpt.prune(self.run_dir, int(self.cfg.train.keep_checkpoints))
+            ckpt.prune(self.run_dir, self.settings.train.keep_checkpoints)
             self.logger.write(f"saved {path}" + (" (best so far)" if improved else ""))
         self.accelerator.wait_for_everyone()
 
@@ -490,8 +376,8 @@ class Trainer:
         if getattr(self, "logger", None) is not None and failed:
             self.logger.close()
         del self.model, self.optimizer
-        self.__dict__.pop("verifier", None)
-        self.__dict__.pop("online", None)
+        if getattr(self, "features", None) is not None:
+            self.features.close()
         gc.collect()
         acc.end_training()
         reset_distributed()
@@ -519,10 +405,12 @@ def reset_distributed() -> None:
     PartialState._reset_state()
 
 
-def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Build, fit and shut down cleanly (also on errors, so an in-process sweep's next job starts clean)."""
+def train(config: TrainSettings | Any, run_dir: str | Path) -> dict[str, Any]:
+    """Build, fit and shut down cleanly (also on errors, so an in-process sweep's next job starts clean).
+    ``config``: the settings, or a composed recipe (validated before anything starts)."""
+    settings = config if isinstance(config, TrainSettings) else TrainSettings.from_config(config)
     try:
-        trainer = Trainer(cfg, run_dir)
+        trainer = Trainer(settings, run_dir)
     except BaseException:
         reset_distributed()
         raise

@@ -32,7 +32,7 @@ def main() -> None:
     with initialize_config_dir(config_dir=str(REPO_ROOT / "recipes"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     trainer = Trainer(cfg, cfg.run_dir)
-    facts = verifier_report(trainer.verifier)
+    facts = verifier_report(trainer.features.verifier)
     facts["distributed_type"] = trainer.accelerator.distributed_type.value
     facts["compute_dtype"] = str(trainer.dtype)
     rank = trainer.rank

@@ -98,7 +98,7 @@ def test_max_samples_trains_on_the_first_n_samples_only(sharp_verifier, tiny_dat
         reset_distributed()
         raise
     try:
-        assert len(trainer.train_set) == 4 and trainer.plan.num_samples == 4
+        assert len(trainer.features.train_set) == 4 and trainer.plan.num_samples == 4
         drawn = {
             i
             for step in range(trainer.plan.steps_per_epoch)
@@ -106,7 +106,7 @@ def test_max_samples_trains_on_the_first_n_samples_only(sharp_verifier, tiny_dat
         }
         assert drawn == {0, 1, 2, 3}
         for i in drawn:
-            assert torch.equal(trainer.train_set[i]["input_ids"], full[i]["input_ids"])
+            assert torch.equal(trainer.features.train_set[i]["input_ids"], full[i]["input_ids"])
     finally:
         trainer.close()
         reset_distributed()

@@ -59,7 +59,7 @@ def test_trainer_scales_fc_from_the_training_features(sharp_verifier, tiny_data,
             reset_distributed()
             raise
         try:
-            rms = trainer._feature_rms()
+            rms = trainer.features.feature_rms()
             return trainer.accelerator.unwrap_model(trainer.model).draft.fc.weight.detach().clone(), rms
         finally:
             trainer.close()

@@ -100,33 +100,33 @@ def test_an_epoch_compiles_a_fixed_set_of_flex_shapes(flex_trainer):
 
     rows_seen, widths = set(), set()
     steps = trainer.plan.steps_per_epoch
-    loader = run_loader(trainer.train_set, trainer.plan, 0, 0, steps, trainer.collate)
+    loader = run_loader(trainer.features.train_set, trainer.plan, 0, 0, steps, trainer.features.collate)
     with torch.enable_grad():
         for item in loader:
-            batch = trainer._materialize(item)
+            batch = trainer.features.batch(item)
             rows_seen.add(int(batch.document_ids.shape[0]))
             widths.add(int(batch.document_ids.shape[1]))
             unroll_attention(trainer, batch.document_ids, trainer.steps)
     with torch.no_grad():
-        for batch in trainer._eval_batches():
+        for batch in trainer.features.eval_batches():
             rows_seen.add(int(batch.document_ids.shape[0]))
-            unroll_attention(trainer, batch.document_ids, int(trainer.cfg.eval.k))
+            unroll_attention(trainer, batch.document_ids, trainer.settings.eval.k)
     # an epoch of packed micro batches of 4 hit 2 AND 4 rows (3 are padded to 4), all max_length wide
     assert rows_seen == {2, 4} and widths == {72}
     assert cache_entries(flex_attention) == cache_entries(create_block_mask) == 2 * len(rows_seen)
 
     # another epoch and evaluation compile nothing new
     with torch.no_grad():
-        for batch in trainer._eval_batches():
-            unroll_attention(trainer, batch.document_ids, int(trainer.cfg.eval.k))
+        for batch in trainer.features.eval_batches():
+            unroll_attention(trainer, batch.document_ids, trainer.settings.eval.k)
     assert cache_entries(flex_attention) == 2 * len(rows_seen)
 
     # a shape outside the set (3 rows, as unpadded packing gives) past the limit is an error, never a fallback
     one_row = torch.zeros(1, 72, dtype=torch.long)
     with torch.no_grad():
-        unroll_attention(trainer, one_row, int(trainer.cfg.eval.k))  # the 1-row bucket: within the limit
+        unroll_attention(trainer, one_row, trainer.settings.eval.k)  # the 1-row bucket: within the limit
     with torch.enable_grad():
         unroll_attention(trainer, one_row, trainer.steps)
     assert cache_entries(flex_attention) == variants
     with pytest.raises((FailOnRecompileLimitHit, Unsupported)), torch.no_grad():
-        unroll_attention(trainer, torch.zeros(3, 72, dtype=torch.long), int(trainer.cfg.eval.k))
+        unroll_attention(trainer, torch.zeros(3, 72, dtype=torch.long), trainer.settings.eval.k)

@@ -1,0 +1,71 @@
+"""Offline and online features are two implementations of one source: the same questions answered from shards
+or from the verifier in the loop, and a collate function that DataLoader workers can take (no verifier in it)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from tests.train.conftest import compose, tiny_overrides
+from tests.train.test_online import write_chats
+from train.features import OfflineFeatures, OnlineFeatures, RowLayout, open_features
+from train.settings import TrainSettings
+from train.trainer import reset_distributed
+
+
+@pytest.fixture
+def accelerator():
+    from accelerate import Accelerator
+
+    yield Accelerator(cpu=True)
+    reset_distributed()
+
+
+def source_for(overrides: list[str], accelerator):
+    from speculators.verifier import verifier_config_dict
+
+    settings = TrainSettings.from_config(compose(overrides))
+    layout = RowLayout.of(settings.train, accelerator.device)
+    return open_features(settings, accelerator, layout, verifier_config_dict(settings.verifier.name_or_path))
+
+
+def check_source(source, max_samples: int) -> None:
+    assert len(source.train_set) == max_samples  # train.max_samples applied by the source
+    assert len(pickle.dumps(source.collate)) < 2000  # workers get the packing rule, never a model
+    items = [dict(source.train_set[i], noise_seed=0) for i in range(2)]
+    batch = source.batch(source.collate(items), weight=0.5)
+    assert batch.weight == 0.5 and batch.aux_hidden.shape[-1] == 3 * batch.last_hidden.shape[-1]
+    assert batch.aux_hidden.device.type == "cpu" and batch.num_documents == 2
+    evals = list(source.eval_batches())
+    assert evals and all(b.input_ids.shape[0] <= 2 for b in evals)  # tiny recipes: micro batch 2
+    assert source.feature_rms().shape == batch.aux_hidden.shape[-1:]
+    head = source.target_head(torch.arange(8))
+    assert head.draft_weight.shape[0] == 8
+
+
+def test_offline_source_reads_the_shards(sharp_verifier, tiny_data, tmp_path, accelerator):
+    source = source_for(
+        tiny_overrides(sharp_verifier, tiny_data, tmp_path, "train.max_samples=4"), accelerator
+    )
+    assert isinstance(source, OfflineFeatures) and source.counts.sum() > 0
+    check_source(source, 4)
+
+
+def test_online_source_captures_with_the_verifier(tiny_llama_dir, tmp_path, accelerator):
+    chats = write_chats(tmp_path / "chats.jsonl")
+    overrides = [
+        "recipe=tiny_eagle3",
+        f"verifier.name_or_path={tiny_llama_dir}",
+        f"data.source={chats}",
+        "train.data_mode=online",
+        "train.max_samples=3",
+        "data.max_length=64",
+        "train.max_length=64",
+    ]
+    source = source_for(overrides, accelerator)
+    assert isinstance(source, OnlineFeatures) and source.provenance == {"source": "online"}
+    check_source(source, 3)
+    source.close()
+    assert not hasattr(source, "verifier")

@@ -1,0 +1,476 @@
+"""The training settings: the recipe's train-side groups read once into typed, frozen dataclasses and checked as a
+whole before anything starts (an accelerator, a process group, a data pass).
+
+A typo in ``schedule.name`` or a zero ``train.ttt_steps`` would otherwise surface only where the value is first
+used — after warmup, or thousands of steps into a long run. :meth:`TrainSettings.from_config` reports every
+problem of a recipe at once, each naming its key and what it accepts.
+
+Groups (see the commented recipes/<group>/*.yaml): ``verifier``, ``model``, ``train``, ``optim``, ``schedule``,
+``deepspeed``, ``logging``, ``eval`` and ``export``. ``data`` and ``data_gen`` belong to :mod:`data_gen`; ``data``
+is carried as given for online training, which encodes conversations exactly as data_gen does. A missing key takes
+its recipe default (so a partial plain dict, as scripts/gpu_check.py has, builds settings too); an unknown key in
+a group is an error. No omegaconf import at module level: a plain dict builds settings without it.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any
+
+ALGORITHMS = ("eagle3", "hass")
+DATA_MODES = ("offline", "online")
+ATTENTION_BACKENDS = ("auto", "chunked", "flex", "dense")  # train.ttt_attention.BACKENDS (a test compares)
+TRAIN_DTYPES = ("auto", "bf16", "bfloat16", "fp32", "float32")
+VERIFIER_DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
+SCHEDULES = ("cosine", "linear", "constant")
+OPTIMIZERS = ("adamw",)
+FC_INITS = ("default", "feature_rms")
+LAYER_TYPES = ("llama", "qwen3")
+WANDB_MODES = ("online", "offline", "disabled")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+class SettingsError(ValueError):
+    """Every problem found in a recipe, one per line, each naming its key."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(
+            "invalid training settings (fix the recipe or the override):\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+# ---- the groups ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VerifierSettings:
+    """``verifier``: which model the draft serves (shared with data_gen)."""
+
+    name_or_path: str = "smollm2"
+    dtype: str = "auto"
+    aux_layer_ids: tuple[int, ...] | None = None
+
+    def problems(self) -> list[str]:
+        return _choice("verifier.dtype", self.dtype, VERIFIER_DTYPES)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """``model``: the draft architecture (recipes/model/eagle3.yaml)."""
+
+    num_layers: int = 1
+    draft_vocab_size: int | None = 32000
+    norm_before_residual: bool = True
+    layer_type: str | None = None
+    fc_init: str = "default"
+    init_lm_head_from_verifier: bool = True
+
+    def problems(self) -> list[str]:
+        found = _at_least("model.num_layers", self.num_layers, 1)
+        found += _at_least("model.draft_vocab_size", self.draft_vocab_size, 1)
+        found += _choice("model.fc_init", self.fc_init, FC_INITS)
+        if self.layer_type is not None:
+            found += _choice("model.layer_type", self.layer_type, LAYER_TYPES)
+        return found
+
+
+@dataclass(frozen=True)
+class HassSettings:
+    """``train.hass``: read only when ``train.algorithm=hass``."""
+
+    topk: int = 10
+    topk_weight: float = 0.0
+    detach_context: bool = True
+
+    def problems(self) -> list[str]:
+        return _at_least("train.hass.topk", self.topk, 1) + _at_least(
+            "train.hass.topk_weight", self.topk_weight, 0
+        )
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """``train``: the algorithm and the loop (recipes/train/eagle3.yaml)."""
+
+    algorithm: str = "eagle3"
+    data_mode: str = "offline"
+    data_dir: str | None = None
+    ttt_steps: int = 3
+    step_weight_decay: float = 0.8
+    mask_out_of_vocab: bool = True
+    noise_std: float = 0.0
+    epochs: int = 10
+    max_steps: int | None = None
+    max_samples: int | None = None
+    micro_batch_size: int = 4
+    grad_accum: int = 1
+    max_length: int = 2048
+    packing: bool = True
+    shuffle: bool = True
+    num_workers: int = 0
+    eval_every: int = 0
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    dtype: str = "auto"
+    attention_backend: str = "auto"
+    attention_chunk: int = 256
+    cpu_threads: int | None = None
+    resume: str = "auto"
+    dry_run: bool = False
+    init_from: str | None = None
+    hass: HassSettings = field(default_factory=HassSettings)
+
+    @property
+    def is_hass(self) -> bool:
+        return self.algorithm == "hass"
+
+    @property
+    def topk_weight(self) -> float:
+        """The top-K distillation weight in force (0 for EAGLE-3, whatever ``train.hass`` says)."""
+        return self.hass.topk_weight if self.is_hass else 0.0
+
+    @property
+    def topk(self) -> int:
+        """K of the top-K term, 0 when the term is off (the losses skip it)."""
+        return self.hass.topk if self.topk_weight else 0
+
+    @property
+    def detach_context(self) -> bool:
+        return self.hass.detach_context if self.is_hass else False
+
+    def problems(self) -> list[str]:
+        found = _choice("train.algorithm", self.algorithm, ALGORITHMS)
+        found += _choice("train.data_mode", self.data_mode, DATA_MODES)
+        found += _choice("train.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if self.dtype in ("fp16", "float16"):
+            found.append(
+                f"train.dtype={self.dtype!r}: use auto, bf16 or fp32 (fp16 needs loss scaling, not supported)"
+            )
+        else:
+            found += _choice("train.dtype", self.dtype, TRAIN_DTYPES)
+        for key in ("ttt_steps", "epochs", "micro_batch_size", "grad_accum", "attention_chunk"):
+            found += _at_least(f"train.{key}", getattr(self, key), 1)
+        for key in ("max_steps", "max_samples", "cpu_threads"):
+            found += _at_least(f"train.{key}", getattr(self, key), 1)  # or null
+        for key in ("num_workers", "eval_every", "save_every", "keep_checkpoints", "noise_std"):
+            found += _at_least(f"train.{key}", getattr(self, key), 0)
+        found += _at_least("train.max_length", self.max_length, 2)
+        if not self.step_weight_decay > 0:
+            found.append(
+                f"train.step_weight_decay={self.step_weight_decay}: must be > 0 (step j weighs decay^j)"
+            )
+        if not self.resume:
+            found.append("train.resume is empty: use auto, never or a checkpoint directory")
+        return found + self.hass.problems()
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """``optim``: torch AdamW (recipes/optim/adamw.yaml)."""
+
+    name: str = "adamw"
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float | None = 0.5
+
+    @property
+    def clip_norm(self) -> float:
+        """The max global grad norm; 0 (or null in the recipe) turns clipping off."""
+        return self.grad_clip or 0.0
+
+    def problems(self) -> list[str]:
+        found = _choice("optim.name", self.name, OPTIMIZERS)
+        if not self.lr > 0:
+            found.append(f"optim.lr={self.lr}: must be > 0")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            found.append(f"optim.betas={list(self.betas)}: both must be in [0, 1)")
+        if not self.eps > 0:
+            found.append(f"optim.eps={self.eps}: must be > 0")
+        return (
+            found
+            + _at_least("optim.weight_decay", self.weight_decay, 0)
+            + _at_least("optim.grad_clip", self.grad_clip, 0)
+        )
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    """``schedule``: linear warmup, then cosine / linear decay or constant (recipes/schedule/*.yaml)."""
+
+    name: str = "cosine"
+    warmup_steps: int | None = None
+    warmup_ratio: float = 0.015
+    min_lr_ratio: float = 0.0
+
+    def problems(self) -> list[str]:
+        found = _choice("schedule.name", self.name, SCHEDULES) + _at_least(
+            "schedule.warmup_steps", self.warmup_steps, 0
+        )
+        for key in ("warmup_ratio", "min_lr_ratio"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                found.append(f"schedule.{key}={getattr(self, key)}: must be in [0, 1]")
+        return found
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """``deepspeed``: off, or the ZeRO config the trainer completes (recipes/deepspeed/*.yaml)."""
+
+    enabled: bool = False
+    build_cpu_shm_op: bool = False
+    config: dict[str, Any] | None = None
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage in force (0 without DeepSpeed)."""
+        if not self.enabled:
+            return 0
+        return int(((self.config or {}).get("zero_optimization") or {}).get("stage", 0))
+
+    def problems(self) -> list[str]:
+        if not self.enabled:
+            return []
+        zero = (self.config or {}).get("zero_optimization")
+        if not isinstance(zero, Mapping) or zero.get("stage") not in ZERO_STAGES:
+            return [
+                "deepspeed.config.zero_optimization.stage: DeepSpeed is enabled but the stage is missing or not one "
+                f"of {ZERO_STAGES}; pick deepspeed=zero1|zero2|zero3|zero3_offload or deepspeed=none"
+            ]
+        return []
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    mode: str = "offline"
+    project: str = "speculators-train"
+    entity: str | None = None
+    name: str | None = None
+    tags: tuple[str, ...] = ()
+
+    def problems(self) -> list[str]:
+        return _choice("logging.wandb.mode", self.mode, WANDB_MODES)
+
+
+@dataclass(frozen=True)
+class LoggingSettings:
+    """``logging``: console / metrics.jsonl cadence and Weights & Biases (recipes/logging/*.yaml)."""
+
+    log_every: int = 10
+    progress_bar: bool = True
+    wandb: WandbSettings = field(default_factory=WandbSettings)
+
+    def problems(self) -> list[str]:
+        return _at_least("logging.log_every", self.log_every, 0) + self.wandb.problems()
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """``eval``: held-out validation (``k`` null: ``train.ttt_steps``; ``max_samples`` null: all)."""
+
+    k: int | None = None
+    max_samples: int | None = 256
+
+    def problems(self) -> list[str]:
+        return _at_least("eval.k", self.k, 1) + _at_least("eval.max_samples", self.max_samples, 1)
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    speculative_tokens: int = 3
+
+    def problems(self) -> list[str]:
+        return _at_least("export.speculative_tokens", self.speculative_tokens, 1)
+
+
+# ---- the whole ----------------------------------------------------------------------------------------------
+GROUPS = {
+    "verifier": VerifierSettings,
+    "model": ModelSettings,
+    "train": LoopSettings,
+    "optim": OptimSettings,
+    "schedule": ScheduleSettings,
+    "deepspeed": DeepSpeedSettings,
+    "logging": LoggingSettings,
+    "eval": EvalSettings,
+    "export": ExportSettings,
+}
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything the trainer, the memory plan and the GPU check read, typed and validated."""
+
+    recipe_name: str | None = None
+    seed: int = 0
+    verifier: VerifierSettings = field(default_factory=VerifierSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    train: LoopSettings = field(default_factory=LoopSettings)
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    deepspeed: DeepSpeedSettings = field(default_factory=DeepSpeedSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    export: ExportSettings = field(default_factory=ExportSettings)
+    data: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # data_gen's, as given
+    resolved: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the whole recipe
+
+    @classmethod
+    def from_config(cls, config: Any) -> TrainSettings:
+        """Settings of a composed recipe (an omegaconf ``DictConfig``, resolved here, or a plain dict).
+
+        Raises :class:`SettingsError` listing every problem: wrong types, out-of-range values, unknown keys and
+        combinations the trainer cannot run."""
+        resolved = _plain(config)
+        problems: list[str] = []
+        values: dict[str, Any] = {}
+        for name in ("recipe_name", "seed"):
+            if resolved.get(name) is not None:
+                values[name] = _field_value(cls, name, resolved[name], name, problems)
+        for name, group in GROUPS.items():
+            values[name] = _build(group, resolved.get(name), name, problems)
+        if problems:  # a group that failed to build cannot be checked further
+            raise SettingsError(problems)
+        settings = cls(**values, data=dict(resolved.get("data") or {}), resolved=resolved)
+        if settings.eval.k is None:
+            settings = replace(settings, eval=replace(settings.eval, k=settings.train.ttt_steps))
+        problems = [p for group in GROUPS for p in getattr(settings, group).problems()]
+        problems += settings.combination_problems()
+        if problems:
+            raise SettingsError(problems)
+        return settings
+
+    def combination_problems(self) -> list[str]:
+        """Values each fine alone that the trainer cannot run together."""
+        found = []
+        loop, vocab = self.train, self.model.draft_vocab_size
+        if loop.topk and vocab is not None and loop.topk > vocab:
+            found.append(
+                f"train.hass.topk={loop.topk} exceeds model.draft_vocab_size={vocab}: the top-K term ranks draft "
+                "tokens; lower train.hass.topk or raise the draft vocabulary"
+            )
+        return found
+
+
+# ---- building ----------------------------------------------------------------------------------------------
+def _plain(config: Any) -> dict[str, Any]:
+    """A plain, resolved dict of ``config``; omegaconf is imported only for its own containers."""
+    if isinstance(config, dict):
+        return config
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(config, resolve=True)
+
+
+def _build(cls: type, mapping: Any, prefix: str, problems: list[str]) -> Any:
+    """An instance of the dataclass ``cls`` from ``mapping`` (defaults for missing keys), noting problems."""
+    if mapping is None:
+        return cls()
+    if not isinstance(mapping, Mapping):
+        problems.append(f"{prefix}={mapping!r}: expected a mapping of {sorted(f.name for f in fields(cls))}")
+        return cls()
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(mapping) - set(known))
+    if unknown:
+        problems.append(f"{prefix}: unknown key(s) {unknown}; known: {known}")
+    values = {
+        name: _field_value(cls, name, mapping[name], f"{prefix}.{name}", problems)
+        for name in known
+        if name in mapping
+    }
+    return cls(**values)
+
+
+def _field_value(cls: type, name: str, value: Any, key: str, problems: list[str]) -> Any:
+    kind = typing.get_type_hints(cls)[name]
+    if isinstance(kind, type) and is_dataclass(kind):
+        return _build(kind, value, key, problems)
+    try:
+        return _coerce(value, kind)
+    except (TypeError, ValueError):
+        problems.append(f"{key}={value!r}: expected {_describe(kind)}")
+        return getattr(cls(), name)
+
+
+def _coerce(value: Any, kind: Any) -> Any:
+    """``value`` as ``kind`` (int, float, bool, str, tuples, dicts and ``X | None``), or TypeError/ValueError."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(value)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0]) for v in value)
+        if len(value) != len(args):
+            raise ValueError(value)
+        return tuple(_coerce(v, a) for v, a in zip(value, args, strict=True))
+    if origin is dict or kind is dict:
+        if not isinstance(value, Mapping):
+            raise TypeError(value)
+        return dict(value)
+    return _scalar(value, kind)
+
+
+def _scalar(value: Any, kind: type) -> Any:
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise TypeError(value)
+        return value
+    if isinstance(value, bool) or value is None:
+        raise TypeError(value)  # true is not 1, and null is not a number
+    if kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return int(value)
+    if kind is float:
+        return float(value)  # also "5e-5", which YAML 1.1 reads as a string
+    if kind is str:
+        if not isinstance(value, (str, int, float)):
+            raise TypeError(value)
+        return str(value)
+    raise TypeError(kind)
+
+
+def _describe(kind: Any) -> str:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
+    if origin is tuple:
+        return "a list of " + (_describe(args[0]) if args[-1] is Ellipsis else f"{len(args)} numbers")
+    if origin is dict or kind is dict:
+        return "a mapping"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, str(kind))
+
+
+def _choice(key: str, value: Any, allowed: tuple[Any, ...]) -> list[str]:
+    return [] if value in allowed else [f"{key}={value!r}: use one of {', '.join(map(str, allowed))}"]
+
+
+def _at_least(key: str, value: float | None, low: float) -> list[str]:
+    """``value`` (null passes: the key's documented default) must be at least ``low``."""
+    return [] if value is None or value >= low else [f"{key}={value}: must be at least {low}"]
+
+
+__all__ = [
+    "DeepSpeedSettings",
+    "EvalSettings",
+    "ExportSettings",
+    "HassSettings",
+    "LoggingSettings",
+    "LoopSettings",
+    "ModelSettings",
+    "OptimSettings",
+    "ScheduleSettings",
+    "SettingsError",
+    "TrainSettings",
+    "VerifierSettings",
+    "WandbSettings",
+]
