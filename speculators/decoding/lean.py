@@ -1,0 +1,170 @@
+"""A lean decode-time forward for Llama-family verifiers (Llama, Qwen3) over a preallocated KV cache.
+
+Why: at batch 1 a 135M-parameter verifier spends a large share of each decode step outside its matmuls, in the HF
+module stack (per-layer module calls, mask construction, ``DynamicCache`` concatenation, kwargs plumbing). This
+forward runs the same arithmetic with the same weights (read from the HF modules, never copied) and the same rotary
+tables (the model's own ``rotary_emb``), but as a flat loop of tensor ops: the keys and values are written in place
+into a :class:`StaticKV`, the attention mask is skipped when every cached column is visible to the one new query,
+and the auxiliary hidden states EAGLE-3 reads are collected on the way instead of through forward hooks.
+
+Anything it does not recognise (other architectures, sliding windows, biases on the MLP, non-SiLU-style MLPs) keeps
+the HF path: :func:`lean_supported` decides, and the engine falls back to the HF forward, so this is a pure speed-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from speculators.decoding.cache import StaticKV
+
+SUPPORTED_TYPES = ("llama", "qwen3")
+
+
+def lean_supported(model: nn.Module) -> bool:
+    """Whether :class:`LeanForward` reproduces ``model``'s forward (else the engine uses the HF forward)."""
+    config = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    if config is None or inner is None or getattr(config, "model_type", None) not in SUPPORTED_TYPES:
+        return False
+    if not all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return False
+    if getattr(model, "lm_head", None) is None or getattr(model, "logits_scaling", None):
+        return False
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if getattr(attn, "sliding_window", None) or any(
+            getattr(mlp, name).bias is not None for name in ("gate_proj", "up_proj", "down_proj")
+        ):
+            return False
+    return True
+
+
+class _Layer:
+    """One decoder layer's tensors, read once per runner so the hot loop does no module attribute lookups."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.norm1 = (layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon))
+        self.norm2 = (
+            layer.post_attention_layernorm.weight,
+            float(layer.post_attention_layernorm.variance_epsilon),
+        )
+        self.q = (attn.q_proj.weight, attn.q_proj.bias)
+        self.k = (attn.k_proj.weight, attn.k_proj.bias)
+        self.v = (attn.v_proj.weight, attn.v_proj.bias)
+        self.o = (attn.o_proj.weight, attn.o_proj.bias)
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        self.qk_norm = None
+        if q_norm is not None:
+            self.qk_norm = (
+                (q_norm.weight, float(q_norm.variance_epsilon)),
+                (k_norm.weight, float(k_norm.variance_epsilon)),
+            )
+        self.gate, self.up, self.down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
+        plain_silu = type(mlp.act_fn).__name__ in ("SiLUActivation", "SiLU")
+        self.act = F.silu if plain_silu else mlp.act_fn  # the same op without a module call
+
+
+class LeanForward:
+    """The forward pass of a supported verifier as a flat loop of tensor ops (same weights, same arithmetic)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        if not lean_supported(model):
+            raise ValueError(f"{type(model).__name__} is not a Llama-family model this forward reproduces")
+        self.model = model
+        self.inner = model.model
+        config = model.config
+        first = self.inner.layers[0].self_attn
+        self.head_dim = int(first.head_dim)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.scaling = float(first.scaling)
+        self.layers = [_Layer(layer) for layer in self.inner.layers]
+        self.num_layers = len(self.layers)
+        self.final_norm = (self.inner.norm.weight, float(self.inner.norm.variance_epsilon))
+
+    def new_cache(self, batch: int) -> StaticKV:
+        like = self.inner.embed_tokens.weight
+        return StaticKV(self.num_layers, batch, self.kv_heads, self.head_dim, like)
+
+    def __call__(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: StaticKV,
+        mask: torch.Tensor | None,
+        aux_layer_ids: Sequence[int] = (),
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Append ``ids[B, Q]`` at ``positions`` to ``cache``; ``mask`` is bool ``[B, 1, Q, length+Q]`` (None: the
+        single new query sees every column). Returns logits ``[B, Q or 1, V]`` and the aux states (or None)."""
+        hidden = F.embedding(ids, self.inner.embed_tokens.weight)
+        cos, sin = self.inner.rotary_emb(hidden, position_ids=positions)
+        cos, sin = cos[:, None], sin[:, None]
+        start = cache.length
+        end = start + ids.shape[1]
+        cache.reserve(end)
+        seen: dict[int, torch.Tensor] = {}
+        for index, layer in enumerate(self.layers):
+            seen[index] = hidden
+            hidden = hidden + self._attention(layer, hidden, cos, sin, cache, index, start, mask)
+            x = _rms_norm(hidden, *layer.norm2)
+            hidden = hidden + F.linear(layer.act(F.linear(x, layer.gate)) * F.linear(x, layer.up), layer.down)
+        cache.length = end
+        seen[self.num_layers] = hidden
+        aux = torch.cat([seen[int(i)] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
+        if last_only:
+            hidden = hidden[:, -1:]
+        return self.model.lm_head(_rms_norm(hidden, *self.final_norm)), aux
+
+    def _attention(
+        self,
+        layer: _Layer,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: StaticKV,
+        index: int,
+        start: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        x = _rms_norm(hidden, *layer.norm1)
+        batch, queries, _ = x.shape
+        end = start + queries
+        q = F.linear(x, *layer.q).view(batch, queries, self.heads, self.head_dim)
+        k = F.linear(x, *layer.k).view(batch, queries, self.kv_heads, self.head_dim)
+        v = F.linear(x, *layer.v).view(batch, queries, self.kv_heads, self.head_dim)
+        if layer.qk_norm is not None:  # Qwen3: per-head RMSNorm before rotary
+            q, k = _rms_norm(q, *layer.qk_norm[0]), _rms_norm(k, *layer.qk_norm[1])
+        q, k = _rotary(q.transpose(1, 2), cos, sin), _rotary(k.transpose(1, 2), cos, sin)
+        keys, values = cache.keys[index], cache.values[index]
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v.transpose(1, 2)
+        keys, values = keys[:, :, :end], values[:, :, :end]
+        groups = self.heads // self.kv_heads
+        if queries == 1 and groups > 1:  # one query: the heads of a group become queries of their kv head
+            q = q.reshape(batch, self.kv_heads, groups, self.head_dim)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=groups > 1
+            ).transpose(1, 2)
+        return F.linear(out.reshape(batch, queries, self.heads * self.head_dim), *layer.o)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's Llama/Qwen3 RMSNorm, op for op (statistics in fp32, scaled in the input dtype)."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` (the HF formula, op for op)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
