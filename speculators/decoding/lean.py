@@ -117,9 +117,8 @@ class LeanForward:
         cache.length = end
         seen[self.num_layers] = hidden
         aux = torch.cat([seen[int(i)] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
-        if last_only:
-            hidden = hidden[:, -1:]
-        return self.model.lm_head(_rms_norm(hidden, *self.final_norm)), aux
+        hidden = _rms_norm(hidden, *self.final_norm)  # over every position, as HF does, so the bits match
+        return self.model.lm_head(hidden[:, -1:] if last_only else hidden), aux
 
     def _attention(
         self,

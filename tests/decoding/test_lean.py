@@ -1,0 +1,95 @@
+"""The lean verifier forward (preallocated in-place KV cache, no HF module stack) computes exactly what the HF
+forward computes: the same logits and aux states, bit for bit, through padded prefill, a branching tree verify,
+path compaction, row removal and cache growth, for Llama and Qwen3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from speculators.decoding.engine import VerifierRunner
+from speculators.decoding.tree import DraftTree
+
+AUX = [1, 4, 8]  # id 8 = the last layer's output before the final norm (8-layer tiny models)
+
+
+def pair(model, batch):
+    lean = VerifierRunner(model, batch, AUX)
+    hf = VerifierRunner(model, batch, AUX, lean=False)
+    assert lean.lean is not None and hf.lean is None
+    return lean, hf
+
+
+def same(lean, hf, got_lean, got_hf):
+    assert torch.equal(got_lean, got_hf)
+    assert torch.equal(lean.aux, hf.aux)
+    assert torch.equal(lean.cache.valid, hf.cache.valid)
+
+
+def step(runner, tokens, positions, local):
+    return runner.forward(tokens, positions, local, torch.ones_like(tokens, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_lean_forward_equals_hf_forward_on_a_batch_with_holes(arch):
+    model = tiny_model(arch=arch)
+    prompts = [list(range(10, 17)), list(range(40, 43)), list(range(90, 101))]
+    lean, hf = pair(model, len(prompts))
+    with torch.inference_mode():
+        (a, _, valid), (b, _, _) = lean.prefill(prompts), hf.prefill(prompts)
+        same(lean, hf, a, b)
+        # a branching tree: root -> {1, 2}, 1 -> 3, 2 -> 4, 3 -> 5
+        parents = torch.tensor([[-1, 0, 0, 1, 2, 3]]).expand(3, -1)
+        depths = torch.tensor([[0, 1, 1, 2, 2, 3]]).expand(3, -1)
+        tokens = torch.randint(0, 512, (3, 6), generator=torch.Generator().manual_seed(0))
+        tree = DraftTree(tokens=tokens, parents=parents, depths=depths)
+        positions = valid.long().sum(1, keepdim=True) + depths
+        start = lean.cache.length
+        same(
+            lean,
+            hf,
+            step(lean, tokens, positions, tree.ancestor_mask()),
+            step(hf, tokens, positions, tree.ancestor_mask()),
+        )
+        # rows keep different paths (one non-contiguous), so the caches get per-row holes
+        path = torch.tensor([[0, 1, 3, 5], [0, 2, 4, 4], [0, 0, 0, 0]])
+        keep = torch.tensor([[True] * 4, [True, True, True, False], [True, False, False, False]])
+        for runner in (lean, hf):
+            runner.cache.keep_path(start, path, keep)
+        position = positions[:, :1] + keep.long().sum(1, keepdim=True)
+        one = torch.ones(3, 1, 1, dtype=torch.bool)
+        nxt = torch.tensor([[5], [6], [7]])
+        same(lean, hf, step(lean, nxt, position, one), step(hf, nxt, position, one))
+        rows = torch.tensor([0, 2])
+        for runner in (lean, hf):
+            runner.cache.select_rows(rows)
+        same(
+            lean,
+            hf,
+            step(lean, nxt[rows], position[rows] + 1, one[rows]),
+            step(hf, nxt[rows], position[rows] + 1, one[rows]),
+        )
+
+
+def test_lean_forward_equals_hf_forward_at_batch_one_across_cache_growth():
+    """Batch 1 takes the mask-free path for 1-token steps; a 250-token prompt makes the cache grow mid-decode."""
+    model = tiny_model()
+    lean, hf = pair(model, 1)
+    prompt = [list(torch.randint(0, 512, (250,), generator=torch.Generator().manual_seed(1)).tolist())]
+    one = torch.ones(1, 1, 1, dtype=torch.bool)
+    with torch.inference_mode():
+        a, b = lean.prefill(prompt)[0], hf.prefill(prompt)[0]
+        same(lean, hf, a, b)
+        capacity = lean.cache.static.capacity
+        for offset in range(12):
+            token = a[:, -1].argmax(-1, keepdim=True)
+            assert lean.cache.bool_mask(one) is None
+            a = step(lean, token, torch.tensor([[250 + offset]]), one)
+            b = step(hf, token, torch.tensor([[250 + offset]]), one)
+            same(lean, hf, a, b)
+        chain = torch.ones(1, 3, 3, dtype=torch.bool).tril()
+        tokens = torch.tensor([[3, 4, 5]])
+        positions = torch.tensor([[262, 263, 264]])
+        same(lean, hf, step(lean, tokens, positions, chain), step(hf, tokens, positions, chain))
+    assert lean.cache.static.capacity > capacity
