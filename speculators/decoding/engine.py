@@ -73,16 +73,21 @@ class VerifierRunner:
     the HF module stack: several times less per-step overhead at batch 1); any other verifier through its own HF
     forward over a ``DynamicCache``. Either way, when ``aux_layer_ids`` are given, :attr:`aux` holds the last
     forward's aux states ``[B, Q, n_aux * H]`` (vLLM's layer-id convention). ``lean=False`` forces the HF forward
-    (the reference the lean one is tested against)."""
+    (the reference the lean one is tested against); ``packed`` is :class:`LeanForward`'s (default: on CPU)."""
 
     def __init__(
-        self, model: nn.Module, batch: int, aux_layer_ids: Sequence[int] = (), lean: bool = True
+        self,
+        model: nn.Module,
+        batch: int,
+        aux_layer_ids: Sequence[int] = (),
+        lean: bool = True,
+        packed: bool | None = None,
     ) -> None:
         check_supported(model)
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.lean = LeanForward(model) if lean and lean_supported(model) else None
+        self.lean = LeanForward(model, packed) if lean and lean_supported(model) else None
         static = self.lean.new_cache(batch) if self.lean is not None else None
         self.cache = VerifierCache(batch, self.device, static)
         self.aux_layer_ids = [int(i) for i in aux_layer_ids]

@@ -1,6 +1,7 @@
-"""The lean verifier forward (preallocated in-place KV cache, no HF module stack) computes exactly what the HF
-forward computes: the same logits and aux states, bit for bit, through padded prefill, a branching tree verify,
-path compaction, row removal and cache growth, for Llama and Qwen3."""
+"""The lean verifier forward (preallocated in-place KV cache, no HF module stack) computes what the HF forward
+computes, through padded prefill, a branching tree verify, path compaction, row removal and cache growth, for Llama
+and Qwen3: bit for bit on the HF weights (unpacked), and to fp32 rounding with the same argmax on its packed
+(transposed, fused) weight copies, the CPU default."""
 
 from __future__ import annotations
 
@@ -14,28 +15,34 @@ from speculators.decoding.tree import DraftTree
 AUX = [1, 4, 8]  # id 8 = the last layer's output before the final norm (8-layer tiny models)
 
 
-def pair(model, batch):
-    lean = VerifierRunner(model, batch, AUX)
+def pair(model, batch, packed=False):
+    lean = VerifierRunner(model, batch, AUX, packed=packed)
     hf = VerifierRunner(model, batch, AUX, lean=False)
-    assert lean.lean is not None and hf.lean is None
+    assert lean.lean is not None and lean.lean.packed == packed and hf.lean is None
     return lean, hf
 
 
 def same(lean, hf, got_lean, got_hf):
-    assert torch.equal(got_lean, got_hf)
-    assert torch.equal(lean.aux, hf.aux)
     assert torch.equal(lean.cache.valid, hf.cache.valid)
+    if not lean.lean.packed:
+        assert torch.equal(got_lean, got_hf)
+        assert torch.equal(lean.aux, hf.aux)
+        return
+    torch.testing.assert_close(got_lean, got_hf, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lean.aux, hf.aux, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got_lean.argmax(-1), got_hf.argmax(-1))
 
 
 def step(runner, tokens, positions, local):
     return runner.forward(tokens, positions, local, torch.ones_like(tokens, dtype=torch.bool))
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_lean_forward_equals_hf_forward_on_a_batch_with_holes(arch):
+def test_lean_forward_equals_hf_forward_on_a_batch_with_holes(arch, packed):
     model = tiny_model(arch=arch)
     prompts = [list(range(10, 17)), list(range(40, 43)), list(range(90, 101))]
-    lean, hf = pair(model, len(prompts))
+    lean, hf = pair(model, len(prompts), packed)
     with torch.inference_mode():
         (a, _, valid), (b, _, _) = lean.prefill(prompts), hf.prefill(prompts)
         same(lean, hf, a, b)
@@ -72,10 +79,11 @@ def test_lean_forward_equals_hf_forward_on_a_batch_with_holes(arch):
         )
 
 
-def test_lean_forward_equals_hf_forward_at_batch_one_across_cache_growth():
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+def test_lean_forward_equals_hf_forward_at_batch_one_across_cache_growth(packed):
     """Batch 1 takes the mask-free path for 1-token steps; a 250-token prompt makes the cache grow mid-decode."""
     model = tiny_model()
-    lean, hf = pair(model, 1)
+    lean, hf = pair(model, 1, packed)
     prompt = [list(torch.randint(0, 512, (250,), generator=torch.Generator().manual_seed(1)).tolist())]
     one = torch.ones(1, 1, 1, dtype=torch.bool)
     with torch.inference_mode():
@@ -93,3 +101,19 @@ def test_lean_forward_equals_hf_forward_at_batch_one_across_cache_growth():
         positions = torch.tensor([[262, 263, 264]])
         same(lean, hf, step(lean, tokens, positions, chain), step(hf, tokens, positions, chain))
     assert lean.cache.static.capacity > capacity
+
+
+def test_packed_copies_are_made_once_and_follow_weight_changes():
+    """Runners share one packed copy per model; an in-place weight change (a new version) re-packs it."""
+    model = tiny_model()
+    first, second = VerifierRunner(model, 1, packed=True), VerifierRunner(model, 1, packed=True)
+    assert first.lean.layers is second.lean.layers
+    prompt = [[1, 2, 3, 4]]
+    with torch.no_grad():
+        model.model.layers[3].mlp.down_proj.weight.mul_(2.0)
+    third = VerifierRunner(model, 1, packed=True)
+    assert third.lean.layers is not first.lean.layers
+    with torch.inference_mode():
+        fresh = third.prefill(prompt)[0]
+        reference = VerifierRunner(model, 1, lean=False).prefill(prompt)[0]
+    torch.testing.assert_close(fresh, reference, rtol=1e-5, atol=1e-5)
