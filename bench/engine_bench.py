@@ -324,6 +324,8 @@ def main() -> None:
             "threads": args.threads,
             "context_for_step_costs": context,
             "repeats": args.repeats,
+            "quick": args.quick,
+            "vllm_threads": args.threads,
         },
         "bound_definition": "bound = AL / (t_draft_segment + (k-1) * t_draft_step + t_verify(k+1)), step costs "
         "as medians of isolated calls sampled between prompts; fraction_of_bound = speculative decode-phase tokens/s "

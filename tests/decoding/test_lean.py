@@ -117,3 +117,21 @@ def test_packed_copies_are_made_once_and_follow_weight_changes():
         fresh = third.prefill(prompt)[0]
         reference = VerifierRunner(model, 1, lean=False).prefill(prompt)[0]
     torch.testing.assert_close(fresh, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_models_the_lean_forward_does_not_reproduce_keep_the_hf_forward():
+    """A Llama with MLP biases is outside the lean forward: the engine runs the HF forward (aux states through
+    hooks), and speculative greedy decoding still equals plain greedy, which equals ``generate``."""
+    from conftest import random_draft
+
+    from speculators.decoding import DecodingConfig, SpeculativeDecoder, plain_generate
+    from speculators.decoding.lean import lean_supported
+
+    model = tiny_model(mlp_bias=True)
+    assert not lean_supported(model) and VerifierRunner(model, 1).lean is None
+    prompts = [list(range(20, 29)), list(range(60, 64))]
+    plain = plain_generate(model, prompts, max_new_tokens=12).tokens
+    hf = model.generate(torch.tensor([prompts[0]]), max_new_tokens=12, do_sample=False, eos_token_id=None)
+    assert hf[0, len(prompts[0]) :].tolist() == plain[0]
+    decoder = SpeculativeDecoder(model, random_draft(model), DecodingConfig("chain", 3, max_new_tokens=12))
+    assert decoder.generate(prompts).tokens == plain
