@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from contextlib import ExitStack
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -69,9 +69,9 @@ class GenerationResult:
 class VerifierRunner:
     """Forwards through the verifier's KV cache with explicit positions and masks, timing each call.
 
-    Llama-family verifiers run through :class:`LeanForward` over a preallocated cache (the same arithmetic without
-    the HF module stack: several times less per-step overhead at batch 1); any other verifier through its own HF
-    forward over a ``DynamicCache``. Either way, when ``aux_layer_ids`` are given, :attr:`aux` holds the last
+    Llama-family verifiers run through :class:`LeanForward` over a preallocated cache (the same formulas without the
+    HF module stack, and faster matmuls on CPU); any other verifier through its own HF forward over a
+    ``DynamicCache``. Either way, when ``aux_layer_ids`` are given, :attr:`aux` holds the last
     forward's aux states ``[B, Q, n_aux * H]`` (vLLM's layer-id convention). ``lean=False`` forces the HF forward
     (the reference the lean one is tested against); ``packed`` is :class:`LeanForward`'s (default: on CPU)."""
 
@@ -123,12 +123,8 @@ class VerifierRunner:
     def _hf_forward(
         self, ids: torch.Tensor, positions: torch.Tensor, local: torch.Tensor, last_only: bool
     ) -> torch.Tensor:
-        with ExitStack() as stack:
-            box = (
-                stack.enter_context(capture_aux_states(self.model, self.aux_layer_ids))
-                if self.aux_layer_ids
-                else {}
-            )
+        wanted = self.aux_layer_ids
+        with capture_aux_states(self.model, wanted) if wanted else nullcontext({}) as box:
             out = self.model(
                 input_ids=ids,
                 position_ids=positions,

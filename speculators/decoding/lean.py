@@ -8,7 +8,7 @@ the attention mask is skipped when every cached column is visible to the one new
 EAGLE-3 reads are collected on the way instead of through forward hooks, and on CPU the projections use transposed,
 fused weight copies (see :class:`_Proj`).
 
-Anything it does not recognise (other architectures, sliding windows, biases on the MLP, non-SiLU-style MLPs) keeps
+Anything it does not recognise (other architectures, sliding windows, biases on the MLP projections) keeps
 the HF path: :func:`lean_supported` decides, and the engine falls back to the HF forward, so this is a pure speed-up.
 """
 
