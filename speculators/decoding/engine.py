@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from contextlib import ExitStack
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -24,12 +24,13 @@ from torch import nn
 
 from speculators.decoding.cache import VerifierCache
 from speculators.decoding.drafter import Drafter, Segment
+from speculators.decoding.lean import LeanForward, lean_supported
 from speculators.decoding.metrics import DecodingStats
 from speculators.decoding.sampling import sample, target_probs
 from speculators.decoding.tree import DraftTree
 from speculators.decoding.verify import RejectionSampler, Verdict, verify_greedy
 from speculators.models.eagle3 import Eagle3DraftModel
-from speculators.verifier import capture_aux_states
+from speculators.verifier import capture_aux_states, check_aux_layer_ids, decoder_layers
 
 
 @dataclass
@@ -66,37 +67,79 @@ class GenerationResult:
 
 # ---- the verifier side ------------------------------------------------------------------------------------------
 class VerifierRunner:
-    """Forwards through the verifier's KV cache with explicit positions and masks, timing each call."""
+    """Forwards through the verifier's KV cache with explicit positions and masks, timing each call.
 
-    def __init__(self, model: nn.Module, batch: int) -> None:
+    Llama-family verifiers run through :class:`LeanForward` over a preallocated cache (the same formulas without the
+    HF module stack, and faster matmuls on CPU); any other verifier through its own HF forward over a
+    ``DynamicCache``. Either way, when ``aux_layer_ids`` are given, :attr:`aux` holds the last
+    forward's aux states ``[B, Q, n_aux * H]`` (vLLM's layer-id convention). ``lean=False`` forces the HF forward
+    (the reference the lean one is tested against); ``packed`` is :class:`LeanForward`'s (default: on CPU)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: int,
+        aux_layer_ids: Sequence[int] = (),
+        lean: bool = True,
+        packed: bool | None = None,
+    ) -> None:
         check_supported(model)
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.cache = VerifierCache(batch, self.device)
+        self.lean = LeanForward(model, packed) if lean and lean_supported(model) else None
+        static = self.lean.new_cache(batch) if self.lean is not None else None
+        self.cache = VerifierCache(batch, self.device, static)
+        self.aux_layer_ids = [int(i) for i in aux_layer_ids]
+        if self.aux_layer_ids:
+            check_aux_layer_ids(self.aux_layer_ids, len(decoder_layers(model)))
+        self.aux: torch.Tensor | None = None
         self.seconds = 0.0
         self.forwards = 0
 
     @torch.inference_mode()
     def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, local: torch.Tensor, valid_new: torch.Tensor
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        local: torch.Tensor,
+        valid_new: torch.Tensor,
+        last_only: bool = False,
     ) -> torch.Tensor:
+        """Logits ``[B, Q, V]`` of ``Q`` new tokens (``[B, 1, V]``, the last position only, with ``last_only``)."""
         start = time.perf_counter()
-        mask = self.cache.attention_mask(local, self.dtype)
-        out = self.model(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=mask,
-            cache=self.cache.cache,
-            use_cache=True,
-        )
+        if self.lean is not None:
+            mask = self.cache.bool_mask(local)
+            logits, self.aux = self.lean(
+                ids, positions, self.cache.static, mask, self.aux_layer_ids, last_only
+            )
+        else:
+            logits = self._hf_forward(ids, positions, local, last_only)
         self.cache.extend(valid_new)
         self.seconds += time.perf_counter() - start
         self.forwards += 1
+        return logits
+
+    def _hf_forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, local: torch.Tensor, last_only: bool
+    ) -> torch.Tensor:
+        wanted = self.aux_layer_ids
+        with capture_aux_states(self.model, wanted) if wanted else nullcontext({}) as box:
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=self.cache.attention_mask(local, self.dtype),
+                cache=self.cache.cache,
+                use_cache=True,
+                logits_to_keep=1 if last_only else 0,
+            )
+        if self.aux_layer_ids:
+            self.aux = box["states"].aux
         return out.logits
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Left-padded prompts through the verifier. Returns ``(logits[B, P, V], ids[B, P], valid[B, P])``."""
+        """Left-padded prompts through the verifier. Returns ``(logits[B, 1, V], ids[B, P], valid[B, P])``: the
+        logits of the last column only (every row's last prompt token), as decoding needs no others."""
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token (apply the chat template first)")
         width = max(len(p) for p in prompts)
@@ -110,7 +153,7 @@ class VerifierRunner:
         local = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)[
             None
         ]
-        return self.forward(ids, positions, local, valid), ids, valid
+        return self.forward(ids, positions, local, valid, last_only=True), ids, valid
 
 
 def check_supported(model: nn.Module) -> None:
@@ -246,35 +289,33 @@ class SpeculativeDecoder:
     ) -> GenerationResult:
         cfg = self.config
         start = time.perf_counter()
-        runner = VerifierRunner(self.verifier, len(prompts))
+        runner = VerifierRunner(self.verifier, len(prompts), self.aux_layer_ids)
         drafter = Drafter(self.draft, len(prompts), runner.device)
         outputs = _Outputs(len(prompts), cfg.max_new_tokens, eos_token_ids)
-        with ExitStack() as stack:
-            box = stack.enter_context(capture_aux_states(self.verifier, self.aux_layer_ids))
-            logits, ids, valid = runner.prefill(prompts)
-            root = _pick(logits[:, -1], cfg.temperature, cfg.top_p, generator)
-            prefill_s = time.perf_counter() - start
-            positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
-            segment = Segment(box["states"].aux, torch.cat([ids[:, 1:], root[:, None]], 1), positions, valid)
-            root_position = valid.long().sum(dim=1)
-            keep = outputs.add([[t] for t in root.tolist()])
-            while True:
-                if not all(keep):
-                    rows = torch.tensor([i for i, k in enumerate(keep) if k], device=runner.device)
-                    outputs.rows = [r for r, k in zip(outputs.rows, keep, strict=True) if k]
-                    if not outputs.rows:
-                        break
-                    runner.cache.select_rows(rows)
-                    drafter.select_rows(rows)
-                    segment, root, root_position = segment.select_rows(rows), root[rows], root_position[rows]
-                tree = self._draft(drafter, segment, root, generator)
-                verdict, aux = self._verify(runner, box, tree, root_position, generator)
-                segment = self._commit(runner, tree, verdict, aux, root_position)
-                for original, count in zip(outputs.rows, verdict.num_accepted.tolist(), strict=True):
-                    outputs.accepted[original].append(count)
-                keep = outputs.add(verdict.emitted(tree))
-                root = verdict.next_token
-                root_position = root_position + verdict.num_accepted + 1
+        logits, ids, valid = runner.prefill(prompts)
+        root = _pick(logits[:, -1], cfg.temperature, cfg.top_p, generator)
+        prefill_s = time.perf_counter() - start
+        positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+        segment = Segment(runner.aux, torch.cat([ids[:, 1:], root[:, None]], 1), positions, valid)
+        root_position = valid.long().sum(dim=1)
+        keep = outputs.add([[t] for t in root.tolist()])
+        while True:
+            if not all(keep):
+                rows = torch.tensor([i for i, k in enumerate(keep) if k], device=runner.device)
+                outputs.rows = [r for r, k in zip(outputs.rows, keep, strict=True) if k]
+                if not outputs.rows:
+                    break
+                runner.cache.select_rows(rows)
+                drafter.select_rows(rows)
+                segment, root, root_position = segment.select_rows(rows), root[rows], root_position[rows]
+            tree = self._draft(drafter, segment, root, generator)
+            verdict, aux = self._verify(runner, tree, root_position, generator)
+            segment = self._commit(runner, tree, verdict, aux, root_position)
+            for original, count in zip(outputs.rows, verdict.num_accepted.tolist(), strict=True):
+                outputs.accepted[original].append(count)
+            keep = outputs.add(verdict.emitted(tree))
+            root = verdict.next_token
+            root_position = root_position + verdict.num_accepted + 1
         stats = DecodingStats(
             max_depth=cfg.max_depth,
             accepted=outputs.accepted,
@@ -301,7 +342,6 @@ class SpeculativeDecoder:
     def _verify(
         self,
         runner: VerifierRunner,
-        box: dict,
         tree: DraftTree,
         root_position: torch.Tensor,
         generator: torch.Generator | None,
@@ -310,7 +350,7 @@ class SpeculativeDecoder:
         positions = root_position[:, None] + tree.depths
         valid_new = torch.ones_like(tree.tokens, dtype=torch.bool)
         logits = runner.forward(tree.tokens, positions, tree.ancestor_mask(), valid_new)
-        aux = box["states"].aux
+        aux = runner.aux
         if self.config.temperature <= 0:
             return verify_greedy(tree, logits), aux
         probs = target_probs(logits, self.config.temperature, self.config.top_p)
