@@ -290,7 +290,7 @@ def cross_check_vllm(
 ) -> dict[str, Any]:
     """The chains through vLLM, each set beside our engine's run: acceptance difference, identical outputs."""
     weight = next(inputs.model.parameters())
-    with off_the_gpu(inputs.model, inputs.draft_model):  # the vLLM worker owns the GPU while it runs
+    with off_the_gpu(inputs.model, inputs.draft):  # the vLLM worker owns the GPU while it runs
         vllm_dtype = vllm_eval_dtype(weight.device.type, weight.dtype)
         vllm = _vllm_runs(inputs.draft_dir, inputs.verifier_name, inputs.token_prompts, settings, vllm_dtype)
     for run in runs:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import random_draft, tiny_model
 
 from speculators.decoding.engine import VerifierRunner
 from speculators.decoding.tree import DraftTree
@@ -122,7 +122,6 @@ def test_packed_copies_are_made_once_and_follow_weight_changes():
 def test_models_the_lean_forward_does_not_reproduce_keep_the_hf_forward():
     """A Llama with MLP biases is outside the lean forward: the engine runs the HF forward (aux states through
     hooks), and speculative greedy decoding still equals plain greedy, which equals ``generate``."""
-    from conftest import random_draft
 
     from speculators.decoding import DecodingConfig, SpeculativeDecoder, plain_generate
     from speculators.decoding.lean import lean_supported
