@@ -53,9 +53,11 @@ from train.data import (
     encode_conversations,
     eval_groups,
     identity_collate,
+    loss_positions_setting,
     pack_documents,
     row_buckets,
     run_loader,
+    training_loss_mask,
 )
 from train.evaluation import evaluate
 from train.logs import RunLogger, console_line, eval_line
@@ -96,6 +98,9 @@ class Trainer:
         self.weights = step_weights(self.steps, float(train.step_weight_decay))
         self.topk = int(train.hass.topk)
         self.topk_weight = float(train.hass.topk_weight) if self.hass else 0.0
+        self.loss_positions = loss_positions_setting(
+            train
+        )  # training only: validation stays on assistant text
         self.dtype = compute_dtype(str(train.dtype))
         logging.getLogger("accelerate").setLevel(logging.WARNING)  # our own lines say what was saved
         if train.cpu_threads and not torch.cuda.is_available():
@@ -264,9 +269,10 @@ class Trainer:
         positions = StepStats(self.steps, self.device)
         for item in window:
             batch = self._materialize(item)
-            needed = needed_positions(batch.loss_mask)
+            loss_mask = training_loss_mask(batch, self.loss_positions)
+            needed = needed_positions(loss_mask)
             step_mask = step_masks(
-                batch.loss_mask,
+                loss_mask,
                 batch.document_ids,
                 target_draft_ids(self.head, batch.last_hidden, needed),
                 self.steps,
@@ -274,16 +280,14 @@ class Trainer:
             )
             positions.add_positions(step_mask)
             batches.append(batch)
-            masks.append(step_mask)
+            masks.append((step_mask, needed))
         trained = positions.all_reduce(self.accelerator).trained.to(self.device).clamp_min(1.0)
         scale = float(self.world * self.plan.grad_accum)
         topk = self.topk if self.topk_weight else 0
-        for batch, step_mask in zip(batches, masks, strict=True):
+        for batch, (step_mask, needed) in zip(batches, masks, strict=True):
             with self.accelerator.accumulate(self.model):
                 logits = self.model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids)
-                verifier_logits = target_logits(
-                    self.head, batch.last_hidden, needed_positions(batch.loss_mask)
-                )
+                verifier_logits = target_logits(self.head, batch.last_hidden, needed)
                 loss = logits[0].new_zeros((), dtype=torch.float32)
                 for j, weight in enumerate(self.weights):
                     terms = step_terms(logits[j], verifier_logits, step_mask, j, topk)
