@@ -98,9 +98,8 @@ class Trainer:
         self.weights = step_weights(self.steps, float(train.step_weight_decay))
         self.topk = int(train.hass.topk)
         self.topk_weight = float(train.hass.topk_weight) if self.hass else 0.0
-        self.loss_positions = loss_positions_setting(
-            train
-        )  # training only: validation stays on assistant text
+        # train.loss_positions applies to the training step only: validation stays on assistant text
+        self.loss_positions = loss_positions_setting(train)
         self.dtype = compute_dtype(str(train.dtype))
         logging.getLogger("accelerate").setLevel(logging.WARNING)  # our own lines say what was saved
         if train.cpu_threads and not torch.cuda.is_available():
