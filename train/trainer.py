@@ -36,6 +36,7 @@ from speculators.vocab import build_draft_vocab
 from train import checkpointing as ckpt
 from train.assemble import (
     build_draft,
+    calibrate_warm_start,
     compute_dtype,
     draft_config,
     lr_at,
@@ -215,11 +216,14 @@ class Trainer:
         self.draft_config = draft_config(cfg, self.verifier_config, self.aux_layer_ids, self.vocab)
         draft = build_draft(cfg, self.draft_config, self.vocab, self.head)
         fc_init = str(cfg.model.fc_init)  # recipes/model/eagle3.yaml
-        if fc_init == "feature_rms" and not cfg.train.init_from and self._resume_path() is None:
-            # a resumed run loads its fc from the checkpoint: the data pass would be wasted
+        # a resumed run loads its weights from the checkpoint: the data passes below would be wasted
+        fresh = not cfg.train.init_from and self._resume_path() is None
+        if fc_init == "feature_rms" and fresh:
             scale_fc_by_feature_rms(draft, self._feature_rms().to(draft.fc.weight.device))
         elif fc_init not in ("default", "feature_rms"):
             raise ValueError(f"model.fc_init={fc_init!r}: use default or feature_rms")
+        if str(cfg.model.warm_start) == "top_layer" and fresh:
+            calibrate_warm_start(draft, self._residual_rms())
         model = TTTDraft(
             draft,
             self.steps,
@@ -246,6 +250,13 @@ class Trainer:
         batch = self._materialize(self.collate(items))
         features = batch.aux_hidden[batch.document_ids >= 0].float()
         return features.pow(2).mean(0).sqrt()
+
+    @torch.no_grad()
+    def _residual_rms(self, samples: int = 16) -> float:
+        """RMS of the verifier's last pre-norm state over the first training samples (the same on every rank)."""
+        items = [dict(self.train_set[i], noise_seed=0) for i in range(min(samples, len(self.train_set)))]
+        batch = self._materialize(self.collate(items))
+        return float(batch.last_hidden[batch.document_ids >= 0].float().pow(2).mean().sqrt())
 
     def _materialize(self, item: Any, weight: float = 1.0) -> MicroBatch:
         if self.online is not None:
