@@ -206,9 +206,10 @@ def warm_start_from_verifier(draft: Eagle3DraftModel, name_or_path: str) -> None
     """``model.warm_start=top_layer``: start the draft's decoder layers from the verifier's top layers instead of
     a random layer (the head's rows come from the verifier already: ``init_lm_head_from_verifier``).
 
-    The draft's final norm stays at ones: copying the verifier's (SmolLM2's gains are large) made the untrained
-    draft's logits over-confident and doubled its held-out loss at step 0 (53.4 vs 28.8 on the demo recipe; 29.9
-    with the layer copied and the norm left at ones).
+    The draft's final norm stays at ones: copying the verifier's made the untrained draft's logits over-confident
+    and nearly doubled its held-out loss at step 0 (53.4 vs 28.8 on the demo recipe; 29.9 with the layer copied and
+    the norm left at ones). The trainer then divides the residual writes by the data's residual RMS
+    (:func:`calibrate_warm_start`), which needs the training data, hence outside this function.
 
     The draft's ``num_layers`` layers take the verifier's last ``num_layers`` layers, in order. Everything is a
     plain copy except layer 0's q/k/v, which read ``[input_layernorm(embed(x_{t+1})) ‖ hidden_norm(g_t)]`` (2H)
