@@ -92,6 +92,22 @@ class MicroBatch:
         self.noise = ()
 
 
+# ---- which positions carry the training loss ----------------------------------------------------------------
+def training_loss_mask(batch: MicroBatch, loss_positions: str) -> torch.Tensor:
+    """Positions whose token is a training target: the stored loss mask (assistant tokens) or, with ``all``, every
+    real token of every document (user turns and template tokens too, never padding).
+
+    Capturing a token's features costs as much as training on it, and the verifier's distribution at a user token
+    is as valid a target as at an assistant token, so ``all`` trains on the whole captured conversation. Only the
+    training step uses this: validation and the simulated acceptance keep the stored mask (assistant text, what a
+    draft is served on), so their numbers stay comparable across settings."""
+    if loss_positions == "all":
+        return batch.document_ids >= 0
+    if loss_positions == "assistant":
+        return batch.loss_mask
+    raise ValueError(f"train.loss_positions={loss_positions!r}: use assistant or all")
+
+
 def truncated_document(sample: dict[str, Any], max_length: int) -> dict[str, Any]:
     keep = ("input_ids", "loss_mask", "aux_hidden", "last_hidden", "aux_scale", "last_scale")
     doc = {k: sample[k][:max_length] for k in keep if sample.get(k) is not None}
@@ -333,4 +349,5 @@ __all__ = [
     "eval_groups",
     "pack_documents",
     "row_buckets",
+    "training_loss_mask",
 ]

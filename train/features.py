@@ -105,11 +105,20 @@ class FeatureSource:
             yield self.batch(self.collate([dataset[i] for i in group]), weight)
 
     @torch.no_grad()
-    def feature_rms(self, samples: int = 16) -> torch.Tensor:
-        """RMS of every aux-feature dimension over the first training samples (the same on every rank)."""
+    def _first_samples(self, samples: int) -> MicroBatch:
+        """The first training samples as one batch, without noise (the same on every rank)."""
         items = [dict(self.train_set[i], noise_seed=0) for i in range(min(samples, len(self.train_set)))]
-        batch = self.batch(self.collate(items))
+        return self.batch(self.collate(items))
+
+    def feature_rms(self, samples: int = 16) -> torch.Tensor:
+        """RMS of every aux-feature dimension over the first training samples (``model.fc_init=feature_rms``)."""
+        batch = self._first_samples(samples)
         return batch.aux_hidden[batch.document_ids >= 0].float().pow(2).mean(0).sqrt()
+
+    def residual_rms(self, samples: int = 16) -> float:
+        """RMS of the verifier's last pre-norm state over the first training samples (``model.warm_start``)."""
+        batch = self._first_samples(samples)
+        return float(batch.last_hidden[batch.document_ids >= 0].float().pow(2).mean().sqrt())
 
 
 class OfflineFeatures(FeatureSource):

@@ -28,6 +28,8 @@ VERIFIER_DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float16", "fp
 SCHEDULES = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw",)
 FC_INITS = ("default", "feature_rms")
+WARM_STARTS = ("none", "top_layer")
+LOSS_POSITIONS = ("assistant", "all")
 LAYER_TYPES = ("llama", "qwen3")
 WANDB_MODES = ("online", "offline", "disabled")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -67,9 +69,11 @@ class ModelSettings:
     layer_type: str | None = None
     fc_init: str = "default"
     init_lm_head_from_verifier: bool = True
+    warm_start: str = "none"
 
     def problems(self) -> list[str]:
         found = _at_least("model.num_layers", self.num_layers, 1)
+        found += _choice("model.warm_start", self.warm_start, WARM_STARTS)
         found += _at_least("model.draft_vocab_size", self.draft_vocab_size, 1)
         found += _choice("model.fc_init", self.fc_init, FC_INITS)
         if self.layer_type is not None:
@@ -121,6 +125,7 @@ class LoopSettings:
     resume: str = "auto"
     dry_run: bool = False
     init_from: str | None = None
+    loss_positions: str = "assistant"  # training step only: validation stays on assistant text
     hass: HassSettings = field(default_factory=HassSettings)
 
     @property
@@ -145,6 +150,7 @@ class LoopSettings:
         found = _choice("train.algorithm", self.algorithm, ALGORITHMS)
         found += _choice("train.data_mode", self.data_mode, DATA_MODES)
         found += _choice("train.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        found += _choice("train.loss_positions", self.loss_positions, LOSS_POSITIONS)
         if self.dtype in ("fp16", "float16"):
             found.append(
                 f"train.dtype={self.dtype!r}: use auto, bf16 or fp32 (fp16 needs loss scaling, not supported)"

@@ -33,6 +33,7 @@ from speculators.vocab import build_draft_vocab
 from train import checkpointing as ckpt
 from train.assemble import (
     build_draft,
+    calibrate_warm_start,
     compute_dtype,
     draft_config,
     lr_at,
@@ -41,7 +42,7 @@ from train.assemble import (
     scale_fc_by_feature_rms,
     set_lr,
 )
-from train.data import BatchPlan, row_buckets, run_loader
+from train.data import BatchPlan, row_buckets, run_loader, training_loss_mask
 from train.evaluation import evaluate
 from train.features import RowLayout, open_features
 from train.logs import RunLogger, console_line, eval_line
@@ -121,9 +122,12 @@ class Trainer:
         aux_layer_ids = self.features.aux_layer_ids
         self.draft_config = draft_config(settings, self.verifier_config, aux_layer_ids, self.vocab)
         draft = build_draft(settings, self.draft_config, self.vocab, self.head)
-        if settings.model.fc_init == "feature_rms" and not train.init_from and self._resume_path() is None:
-            # a resumed run loads its fc from the checkpoint: the data pass would be wasted
+        # a resumed run loads its weights from the checkpoint: the data passes below would be wasted
+        fresh = not train.init_from and self._resume_path() is None
+        if settings.model.fc_init == "feature_rms" and fresh:
             scale_fc_by_feature_rms(draft, self.features.feature_rms().to(draft.fc.weight.device))
+        if settings.model.warm_start == "top_layer" and fresh:
+            calibrate_warm_start(draft, self.features.residual_rms())
         model = TTTDraft(
             draft,
             self.steps,
@@ -148,9 +152,11 @@ class Trainer:
         positions = StepStats(self.steps, self.device)
         for item in window:
             batch = self.features.batch(item)
-            needed = needed_positions(batch.loss_mask)
+            # train.loss_positions applies to the training step only: validation stays on assistant text
+            loss_mask = training_loss_mask(batch, self.settings.train.loss_positions)
+            needed = needed_positions(loss_mask)
             step_mask = step_masks(
-                batch.loss_mask,
+                loss_mask,
                 batch.document_ids,
                 target_draft_ids(self.head, batch.last_hidden, needed),
                 self.steps,
@@ -158,16 +164,14 @@ class Trainer:
             )
             positions.add_positions(step_mask)
             batches.append(batch)
-            masks.append(step_mask)
+            masks.append((step_mask, needed))
         trained = positions.all_reduce(self.accelerator).trained.to(self.device).clamp_min(1.0)
         scale = float(self.world * self.plan.grad_accum)
         topk, topk_weight = self.settings.train.topk, self.settings.train.topk_weight
-        for batch, step_mask in zip(batches, masks, strict=True):
+        for batch, (step_mask, needed) in zip(batches, masks, strict=True):
             with self.accelerator.accumulate(self.model):
                 logits = self.model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids)
-                verifier_logits = target_logits(
-                    self.head, batch.last_hidden, needed_positions(batch.loss_mask)
-                )
+                verifier_logits = target_logits(self.head, batch.last_hidden, needed)
                 loss = logits[0].new_zeros((), dtype=torch.float32)
                 for j, weight in enumerate(self.weights):
                     terms = step_terms(logits[j], verifier_logits, step_mask, j, topk)

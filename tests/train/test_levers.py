@@ -1,0 +1,154 @@
+"""Two training levers (issue 14): ``model.warm_start=top_layer`` starts the draft from the verifier's top layer(s)
+(train/assemble.py), and ``train.loss_positions=all`` trains on every real token while validation stays on
+assistant tokens (train/data.py, train/trainer.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from speculators.format.config import Eagle3Config
+from speculators.models.eagle3 import Eagle3DraftModel
+from tests.support.verifiers import build_tiny_verifier, tiny_verifier_config
+from tests.train.conftest import compose, tiny_overrides
+from train.assemble import warm_start_from_verifier
+from train.data import training_loss_mask
+from train.evaluation import evaluate
+from train.step_stats import StepStats
+from train.trainer import Trainer, reset_distributed
+
+
+def make_trainer(verifier: Path, data: Path, tmp_path: Path, *extra: str) -> Trainer:
+    try:
+        return Trainer(compose(tiny_overrides(verifier, data, tmp_path / "run", *extra)), tmp_path)
+    except BaseException:
+        reset_distributed()
+        raise
+
+
+def verifier_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+# ---- warm start ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_warm_start_copies_the_verifiers_top_layers(tmp_path, arch, num_layers):
+    verifier_dir = build_tiny_verifier(tmp_path / arch, arch=arch, vocab_size=128)
+    config = Eagle3Config.from_verifier(
+        tiny_verifier_config(arch, vocab_size=128).to_dict(), str(verifier_dir), num_layers=num_layers
+    )
+    draft = Eagle3DraftModel(config)
+    fc_before = draft.fc.weight.detach().clone()
+    warm_start_from_verifier(draft, str(verifier_dir))
+    theirs = verifier_tensors(verifier_dir)
+    top = 8 - num_layers  # the tiny verifier has 8 layers: the draft takes the last num_layers, in order
+    for offset, layer in enumerate(draft.layers):
+        prefix = f"model.layers.{top + offset}."
+        for name, tensor in layer.state_dict().items():
+            if name == "hidden_norm.weight":
+                assert torch.equal(tensor, torch.ones_like(tensor))  # the draft's residual is not re-scaled
+            elif offset == 0 and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"):
+                weight, gain = theirs[prefix + name], theirs[prefix + "input_layernorm.weight"]
+                embed_half, hidden_half = tensor.split(tensor.shape[1] // 2, dim=1)
+                torch.testing.assert_close(embed_half, weight / math.sqrt(2))
+                torch.testing.assert_close(hidden_half, weight * gain / math.sqrt(2))
+            else:
+                assert torch.equal(tensor, theirs[prefix + name]), prefix + name
+    assert torch.equal(draft.norm.weight, torch.ones_like(draft.norm.weight))  # a copied norm over-sharpens
+    assert torch.equal(draft.fc.weight, fc_before)  # fc keeps model.fc_init's init
+
+
+def test_warm_start_refuses_a_draft_deeper_than_the_verifier(tmp_path):
+    verifier_dir = build_tiny_verifier(tmp_path / "v", vocab_size=128, num_hidden_layers=4)
+    config = Eagle3Config.from_verifier(
+        tiny_verifier_config("llama", vocab_size=128, num_hidden_layers=4).to_dict(),
+        str(verifier_dir),
+        num_layers=5,
+    )
+    with pytest.raises(ValueError, match="the draft has 5 layers but .* only 4"):
+        warm_start_from_verifier(Eagle3DraftModel(config), str(verifier_dir))
+
+
+def test_the_trainer_warm_starts_only_when_asked(sharp_verifier, tiny_data, tmp_path):
+    theirs = verifier_tensors(sharp_verifier)
+    drafts = {}
+    for setting in ("none", "top_layer"):
+        trainer = make_trainer(sharp_verifier, tiny_data, tmp_path / setting, f"model.warm_start={setting}")
+        try:
+            draft = trainer.accelerator.unwrap_model(trainer.model).draft
+            drafts[setting] = {k: v.detach().clone() for k, v in draft.state_dict().items()}
+            head_rows = trainer.head.draft_weight.detach().clone()
+            residual_rms = trainer.features.residual_rms()
+            torch.manual_seed(trainer.settings.seed)
+            fresh = Eagle3DraftModel(trainer.draft_config).state_dict()
+        finally:
+            trainer.close()
+            reset_distributed()
+    off, on = drafts["none"], drafts["top_layer"]
+    # off: today's init, bit for bit (the seeded random layer and fc, the verifier's head rows)
+    for name, tensor in fresh.items():
+        if name.startswith(("layers.", "fc.", "norm.")):
+            assert torch.equal(off[name], tensor), name
+    assert torch.equal(off["lm_head.weight"], head_rows) and torch.equal(on["lm_head.weight"], head_rows)
+    # on: the verifier's top layer (the sharp verifier has 8), its residual writes divided by the
+    # RMS of the verifier's residual stream (the draft's residual has RMS 1); everything else as with off
+    assert abs(residual_rms - 1.0) > 0.1  # the division shows
+    for name in ("mlp.down_proj.weight", "self_attn.o_proj.weight"):
+        torch.testing.assert_close(on[f"layers.0.{name}"], theirs[f"model.layers.7.{name}"] / residual_rms)
+    assert torch.equal(on["layers.0.mlp.up_proj.weight"], theirs["model.layers.7.mlp.up_proj.weight"])
+    assert torch.equal(on["norm.weight"], off["norm.weight"])
+    assert not torch.equal(on["layers.0.mlp.up_proj.weight"], off["layers.0.mlp.up_proj.weight"])
+    assert torch.equal(on["fc.weight"], off["fc.weight"]) and torch.equal(on["d2t"], off["d2t"])
+    with pytest.raises(ValueError, match="model.warm_start='random'"):
+        make_trainer(sharp_verifier, tiny_data, tmp_path / "bad", "model.warm_start=random")
+    reset_distributed()
+
+
+# ---- which positions carry the loss --------------------------------------------------------------------------
+def test_all_positions_train_on_every_real_token_and_validation_is_unchanged(
+    sharp_verifier, tiny_data, tmp_path
+):
+    seen = {}
+    for setting in ("assistant", "all"):
+        trainer = make_trainer(
+            sharp_verifier, tiny_data, tmp_path / setting, f"train.loss_positions={setting}"
+        )
+        try:
+            samples = [trainer.features.train_set[i] for i in range(4)]
+            batch = trainer.features.batch(trainer.features.collate(samples))
+            stats = StepStats(trainer.steps, trainer.device)
+            trainer._train_step([trainer.features.collate(samples)], stats)
+            metrics = evaluate(
+                trainer.accelerator,
+                trainer.model,
+                trainer.head,
+                trainer.features.eval_batches(),
+                trainer.steps,
+                trainer.weights,
+                0,
+                0.0,
+                True,
+            )
+            seen[setting] = (stats.valid.clone(), metrics, batch)
+        finally:
+            trainer.close()
+            reset_distributed()
+    (assistant_valid, assistant_eval, batch), (all_valid, all_eval, _) = seen["assistant"], seen["all"]
+    lengths = [int(s["input_ids"].shape[0]) for s in samples]
+    # step j trains position t when token t+2+j is in the same document: every document gives len - 2 - j
+    assert all_valid.tolist() == [sum(n - 2 - j for n in lengths) for j in range(len(all_valid))]
+    assert (all_valid > assistant_valid).all()  # the prompts are not assistant text: more positions trained
+    assert torch.equal(training_loss_mask(batch, "all"), batch.document_ids >= 0)
+    assert torch.equal(training_loss_mask(batch, "assistant"), batch.loss_mask)
+    # validation counts assistant positions only, whatever the training setting
+    assert all_eval["eval/positions"] == assistant_eval["eval/positions"] > 0
+    with pytest.raises(ValueError, match="train.loss_positions='user'"):
+        make_trainer(sharp_verifier, tiny_data, tmp_path / "bad", "train.loss_positions=user")
+    reset_distributed()
