@@ -25,6 +25,19 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
+def is_identity_path(path: torch.Tensor) -> bool:
+    """Whether every row kept nodes ``0 .. M-1`` in order (a chain step: nothing to move)."""
+    return bool((path == torch.arange(path.shape[1], device=path.device)).all())
+
+
+def gather_path(tensor: torch.Tensor, start: int, stop: int, path: torch.Tensor) -> None:
+    """In place on ``[B, H, C, D]``: columns ``start + path[B, M]`` (among ``start .. stop``) move to
+    ``start .. start+M``, the accepted path of each row after a verify step."""
+    width = path.shape[1]
+    index = path[:, None, :, None].expand(tensor.shape[0], tensor.shape[1], width, tensor.shape[3])
+    tensor[:, :, start : start + width] = tensor[:, :, start:stop].gather(2, index)
+
+
 class StaticKV:
     """Per-layer key/value tensors ``[B, H_kv, capacity, D]``, written in place; ``length`` columns are in use.
 
@@ -53,14 +66,10 @@ class StaticKV:
 
     def keep_path(self, start: int, path: torch.Tensor) -> None:
         """Move each row's node columns ``start + path[B, M]`` to ``start .. start+M`` and drop the rest."""
-        width = path.shape[1]
-        if not bool((path == torch.arange(width, device=path.device)).all()):
+        if not is_identity_path(path):
             for tensor in self.keys + self.values:
-                index = path[:, None, :, None].expand(
-                    tensor.shape[0], tensor.shape[1], width, tensor.shape[3]
-                )
-                tensor[:, :, start : start + width] = tensor[:, :, start : self.length].gather(2, index)
-        self.length = start + width
+                gather_path(tensor, start, self.length, path)
+        self.length = start + path.shape[1]
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.keys = [k[rows] for k in self.keys]
@@ -119,15 +128,11 @@ class VerifierCache:
 
     def _keep_path_dynamic(self, start: int, path: torch.Tensor) -> None:
         width = path.shape[1]
-        contiguous = bool((path == torch.arange(width, device=path.device)).all())
+        contiguous = is_identity_path(path)
         for layer in self.cache.layers:
             if not contiguous:
-                for name in ("keys", "values"):
-                    tensor = getattr(layer, name)
-                    index = path[:, None, :, None].expand(
-                        tensor.shape[0], tensor.shape[1], width, tensor.shape[3]
-                    )
-                    tensor[:, :, start : start + width] = tensor[:, :, start:].gather(2, index)
+                for tensor in (layer.keys, layer.values):
+                    gather_path(tensor, start, tensor.shape[2], path)
             layer.keys = layer.keys[:, :, : start + width]
             layer.values = layer.values[:, :, : start + width]
 
