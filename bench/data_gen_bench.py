@@ -32,7 +32,8 @@ from data_gen.capture import FeatureCapture, base_model  # noqa: E402
 from data_gen.masks import ChatMasker, MaskingError  # noqa: E402
 from data_gen.pipeline import capture_samples  # noqa: E402
 from data_gen.sources import DataSettings, load_conversations  # noqa: E402
-from data_gen.store import FeatureDataset, atomic_write_json, finalize_split, write_shard  # noqa: E402
+from data_gen.store import FeatureDataset, finalize_split, write_shard  # noqa: E402
+from speculators.atomic import atomic_write_json  # noqa: E402
 from speculators.verifier import load_verifier  # noqa: E402
 
 

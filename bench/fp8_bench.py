@@ -179,7 +179,7 @@ def main() -> int:
         "seconds": seconds,
     }
     out["goal_met"] = out["acceptance_lost_fp8_vs_bf16_pct"] <= 1.0 and out["bytes_ratio_fp8_vs_bf16"] <= 0.55
-    from data_gen.store import atomic_write_json
+    from speculators.atomic import atomic_write_json
 
     atomic_write_json(REPO / "bench" / "results" / "fp8.json", out)
     print(json.dumps(out, indent=1))

@@ -21,6 +21,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from speculators.atomic import atomic_write_text
 from speculators.format.checkpoint import atomic_directory, weight_files
 
 EMBEDDED_NAME = "smollm2"
@@ -115,9 +116,7 @@ def _write_embedded_card(directory: Path) -> None:
         "(bf16) that vLLM and transformers load. Every figure measured against it is a figure for this dequantized "
         "model.\n"
     )
-    tmp = directory / f".{EMBEDDED_CARD}.{os.getpid()}.tmp"
-    tmp.write_text(card)
-    tmp.replace(directory / EMBEDDED_CARD)
+    atomic_write_text(directory / EMBEDDED_CARD, card)
 
 
 def embedded_weights_note(name_or_path: str | Path) -> str | None:

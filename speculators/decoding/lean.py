@@ -163,14 +163,19 @@ class LeanForward:
         start = cache.length
         end = start + ids.shape[1]
         cache.reserve(end)
+        wanted = {
+            int(i) for i in aux_layer_ids
+        }  # only these states are kept alive (all L would be GBs on 8B)
         seen: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
-            seen[index] = hidden
+            if index in wanted:
+                seen[index] = hidden
             hidden = hidden + self._attention(layer, hidden, cos, sin, cache, index, start, mask)
             x = _rms_norm(hidden, *layer.norm2)
             hidden = hidden + layer.down(self._gated(layer, x))
         cache.length = end
-        seen[self.num_layers] = hidden
+        if self.num_layers in wanted:
+            seen[self.num_layers] = hidden
         aux = torch.cat([seen[int(i)] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
         hidden = _rms_norm(hidden, *self.final_norm)  # over every position, as HF does, so the bits match
         return self.head(hidden[:, -1:] if last_only else hidden), aux
