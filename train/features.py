@@ -105,20 +105,28 @@ class FeatureSource:
             yield self.batch(self.collate([dataset[i] for i in group]), weight)
 
     @torch.no_grad()
-    def _first_samples(self, samples: int) -> MicroBatch:
-        """The first training samples as one batch, without noise (the same on every rank)."""
-        items = [dict(self.train_set[i], noise_seed=0) for i in range(min(samples, len(self.train_set)))]
-        return self.batch(self.collate(items))
+    def _first_states(self, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Aux features ``[N, F]`` and last states ``[N, H]`` at the real positions of the first training samples,
+        without noise (the same on every rank). Collated ``micro_batch_size`` samples at a time, as training
+        batches are: a fixed-width layout (compiled flex) refuses a batch of more rows than that."""
+        count = min(samples, len(self.train_set))
+        group = self.settings.train.micro_batch_size
+        aux, last = [], []
+        for start in range(0, count, group):
+            items = [dict(self.train_set[i], noise_seed=0) for i in range(start, min(start + group, count))]
+            batch = self.batch(self.collate(items))
+            real = batch.document_ids >= 0
+            aux.append(batch.aux_hidden[real].float())
+            last.append(batch.last_hidden[real].float())
+        return torch.cat(aux), torch.cat(last)
 
     def feature_rms(self, samples: int = 16) -> torch.Tensor:
         """RMS of every aux-feature dimension over the first training samples (``model.fc_init=feature_rms``)."""
-        batch = self._first_samples(samples)
-        return batch.aux_hidden[batch.document_ids >= 0].float().pow(2).mean(0).sqrt()
+        return self._first_states(samples)[0].pow(2).mean(0).sqrt()
 
     def residual_rms(self, samples: int = 16) -> float:
         """RMS of the verifier's last pre-norm state over the first training samples (``model.warm_start``)."""
-        batch = self._first_samples(samples)
-        return float(batch.last_hidden[batch.document_ids >= 0].float().pow(2).mean().sqrt())
+        return float(self._first_states(samples)[1].pow(2).mean().sqrt())
 
 
 class OfflineFeatures(FeatureSource):

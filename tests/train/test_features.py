@@ -69,3 +69,18 @@ def test_online_source_captures_with_the_verifier(tiny_llama_dir, tmp_path, acce
     check_source(source, 3)
     source.close()
     assert not hasattr(source, "verifier")
+
+
+def test_start_up_statistics_fit_the_compiled_flex_layout(sharp_verifier, tiny_data, tmp_path, accelerator):
+    """On CUDA the layout is fixed-width with at most ``micro_batch_size`` rows (compiled flex): the data-dependent
+    inits (fc_init=feature_rms, warm_start=top_layer) read their 16 probe samples in micro batches, so they work
+    under that layout and give the statistics of the free layout."""
+    from dataclasses import replace
+
+    source = source_for(tiny_overrides(sharp_verifier, tiny_data, tmp_path), accelerator)
+    free_features, free_residual = source.feature_rms(), source.residual_rms()
+    fixed = replace(source.layout, fixed_width=True, max_rows=source.settings.train.micro_batch_size)
+    source.layout, source.collate = fixed, fixed.pack
+    assert len(source.train_set) > source.settings.train.micro_batch_size  # the probe spans several batches
+    torch.testing.assert_close(source.feature_rms(), free_features)
+    assert source.residual_rms() == pytest.approx(free_residual, rel=1e-5)
