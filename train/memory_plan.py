@@ -19,7 +19,6 @@ in the count.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import weakref
@@ -30,8 +29,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from speculators.atomic import atomic_write_json
 from speculators.format.config import Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
+from train.losses import step_weights
 from train.settings import TrainSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -219,11 +220,6 @@ def frozen_bytes(
 
 
 # ---- the plan ------------------------------------------------------------------------------------------------
-def settings_of(config: TrainSettings | dict[str, Any]) -> TrainSettings:
-    """The settings of a resolved recipe (a plain dict), or ``config`` itself when it already is settings."""
-    return config if isinstance(config, TrainSettings) else TrainSettings.from_config(config)
-
-
 def build_meta_draft(
     config: TrainSettings | dict[str, Any], verifier_config: dict[str, Any], dtype: torch.dtype
 ):
@@ -231,7 +227,7 @@ def build_meta_draft(
     from data_gen.capture import resolve_aux_layer_ids
     from train.unroll import TTTDraft
 
-    settings = settings_of(config)
+    settings = TrainSettings.from_config(config)
     model_cfg, wanted = settings.model, settings.verifier.aux_layer_ids
     aux_ids = resolve_aux_layer_ids(
         list(wanted) if wanted is not None else None, int(verifier_config["num_hidden_layers"])
@@ -283,7 +279,7 @@ def online_verifier_params(verifier_config: dict[str, Any]) -> int:
 def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     """The memory plan of a recipe: its settings, or the resolved recipe (a plain dict)."""
     started = time.perf_counter()
-    settings = settings_of(config)
+    settings = TrainSettings.from_config(config)
     train_cfg = settings.train
     verifier_name = settings.verifier.name_or_path
     verifier_config = plan_verifier_config(verifier_name)
@@ -302,7 +298,7 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     aux_width = len(draft_config.eagle_aux_hidden_state_layer_ids) * hidden
     batch = meta_batch(rows, length, aux_width, hidden, dtype)
     ttt = train_cfg.ttt_steps
-    weights = [train_cfg.step_weight_decay**j for j in range(ttt)]
+    weights = step_weights(ttt, train_cfg.step_weight_decay)
     activations = trace_step(model, head, batch, weights, train_cfg.topk)
     static, peak, frozen = {}, {}, {}
     for stage in STAGES:
@@ -360,12 +356,8 @@ def summary_line(plan: dict[str, Any]) -> str:
 def write_plan(config: TrainSettings | dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """Plan, write ``<run_dir>/memory_plan.json`` atomically and print the one-line summary."""
     plan = plan_memory(config)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    target = run_dir / "memory_plan.json"
-    temp = target.with_name(f".{target.name}.partial")
-    temp.write_text(json.dumps(plan, indent=1))
-    temp.replace(target)
+    target = Path(run_dir) / "memory_plan.json"
+    atomic_write_json(target, plan)
     print(summary_line(plan) + f" -> {target}", flush=True)
     return plan
 

@@ -330,7 +330,9 @@ class TrainSettings:
         """Settings of a composed recipe (an omegaconf ``DictConfig``, resolved here, or a plain dict).
 
         Raises :class:`SettingsError` listing every problem: wrong types, out-of-range values, unknown keys and
-        combinations the trainer cannot run."""
+        combinations the trainer cannot run. Settings already built are returned as they are."""
+        if isinstance(config, cls):
+            return config
         resolved = _plain(config)
         problems: list[str] = []
         values: dict[str, Any] = {}

@@ -73,7 +73,7 @@ class Progress:
 class Trainer:
     def __init__(self, config: TrainSettings | Any, run_dir: str | Path) -> None:
         """``config``: the settings, or a composed recipe (checked here, before the accelerator starts)."""
-        settings = config if isinstance(config, TrainSettings) else TrainSettings.from_config(config)
+        settings = TrainSettings.from_config(config)
         self.settings, self.run_dir = settings, Path(run_dir)
         train = settings.train
         self.steps = train.ttt_steps
@@ -412,7 +412,7 @@ def reset_distributed() -> None:
 def train(config: TrainSettings | Any, run_dir: str | Path) -> dict[str, Any]:
     """Build, fit and shut down cleanly (also on errors, so an in-process sweep's next job starts clean).
     ``config``: the settings, or a composed recipe (validated before anything starts)."""
-    settings = config if isinstance(config, TrainSettings) else TrainSettings.from_config(config)
+    settings = TrainSettings.from_config(config)
     try:
         trainer = Trainer(settings, run_dir)
     except BaseException:
