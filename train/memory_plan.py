@@ -62,12 +62,10 @@ def shipped_verifier_dir(name_or_path: str) -> Path | None:
 
 def plan_verifier_config(name_or_path: str) -> dict[str, Any]:
     """The verifier's HF config as a dict: the shipped copy first (offline), else the verifier itself."""
-    from transformers import AutoConfig
-
-    from speculators.verifier import resolve_verifier_path
+    from speculators.verifier import verifier_config_dict
 
     shipped = shipped_verifier_dir(name_or_path)
-    return AutoConfig.from_pretrained(shipped or resolve_verifier_path(name_or_path)).to_dict()
+    return verifier_config_dict(str(shipped) if shipped else name_or_path)
 
 
 # ---- live bytes of meta tensors ------------------------------------------------------------------------------

@@ -309,8 +309,9 @@ def run_vllm(
     if not requests:
         return []
     python = vllm_python()
-    placement = current_placement(requests[0])  # the worker's GPU: the same for every request of this process
-    payload = {"jobs": [request.to_job() for request in requests]}
+    placements = [current_placement(request) for request in requests]
+    payload = {"jobs": [request.to_job(p) for request, p in zip(requests, placements, strict=True)]}
+    placement = placements[0]  # the worker's GPU: the same for every request of this process
     log = Path(log_path) if log_path else None
     try:
         result = run_json_worker(
@@ -361,6 +362,7 @@ class VllmSession:
 
     def run(self, request: VllmRequest) -> VllmResult:
         """Generate for ``request`` (the worker starts on the first call)."""
+        placement = current_placement(request)
         try:
             if self._worker is None:
                 self._worker = LineWorker(
@@ -369,9 +371,9 @@ class VllmSession:
                     "the vLLM session worker",
                     self.timeout,
                     self.log_path,
-                    _worker_env(self.threads, current_placement(request)),
+                    _worker_env(self.threads, placement),
                 )
-            reply = self._worker.call(request.to_job(), self.timeout)
+            reply = self._worker.call(request.to_job(placement), self.timeout)
         except WorkerError as exc:
             self._worker = None
             raise VllmError(str(exc)) from None
