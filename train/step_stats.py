@@ -66,11 +66,13 @@ class StepStats:
         ]
 
     def all_reduce(self, accelerator) -> StepStats:
-        """The sums over every rank, on the CPU (one collective: every rank must call it)."""
+        """The sums over every rank, on this object's device (one collective: every rank must call it). No copy to
+        the host here: the train step reduces its position counts every optimizer step and uses them on the
+        device, so a host sync there would stall the GPU; reports convert when they read."""
         fields = self._fields()
         flat = torch.cat([f.reshape(-1) for f in fields])
-        total = accelerator.reduce(flat, reduction="sum").cpu()
-        out = StepStats(self.steps)
+        total = accelerator.reduce(flat, reduction="sum")
+        out = StepStats(self.steps, total.device)
         offset = 0
         for mine, theirs in zip(fields, out._fields(), strict=True):
             theirs.copy_(total[offset : offset + mine.numel()].view_as(theirs))

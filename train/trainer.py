@@ -165,7 +165,7 @@ class Trainer:
             positions.add_positions(step_mask)
             batches.append(batch)
             masks.append((step_mask, needed))
-        trained = positions.all_reduce(self.accelerator).trained.to(self.device).clamp_min(1.0)
+        trained = positions.all_reduce(self.accelerator).trained.clamp_min(1.0)
         scale = float(self.world * self.plan.grad_accum)
         topk, topk_weight = self.settings.train.topk, self.settings.train.topk_weight
         for batch, (step_mask, needed) in zip(batches, masks, strict=True):
