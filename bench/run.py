@@ -76,9 +76,12 @@ def headline(name: str, result: dict) -> list[str]:
 
 
 def acceptance_table(result: dict) -> list[str]:
-    """vLLM-measured greedy acceptance length by drafter and k, then T = 0.7, speed and the goals."""
+    """vLLM-measured greedy acceptance length and speed by drafter and k, the curve, T = 0.7 and the goals."""
     summary = result["summary"]
     table = summary.get("greedy_acceptance_length", {})
+    per_step = summary.get("tokens_per_verify_step", {})
+    speed = summary.get("speed", {})
+    plain = summary.get("plain_tokens_per_s") or {}
     ks = sorted({k for row in table.values() for k in row}, key=lambda k: int(k[1:]))
     lines = [
         f"- mode {result.get('mode')}; {result.get('prompts', {}).get('count')} held-out prompts, "
@@ -86,43 +89,55 @@ def acceptance_table(result: dict) -> list[str]:
         "",
         "| drafter (vLLM, greedy) | "
         + " | ".join(f"AL k={k[1:]}" for k in ks)
-        + " | tokens/s k=3 | vs plain |",
-        "|---" * (len(ks) + 3) + "|",
+        + " | tokens/verify step k=3 |",
+        "|---" * (len(ks) + 2) + "|",
     ]
-    speed = summary.get("speed", {})
     for drafter, row in table.items():
-        tps = speed.get(drafter, {})
         cells = [str(_round(row.get(k), 3)) for k in ks]
         lines.append(
-            f"| {drafter} | "
-            + " | ".join(cells)
-            + f" | {_round(tps.get('tokens_per_s_k3'))} | {_times(tps.get('speedup_vs_plain_k3'))} |"
+            f"| {drafter} | " + " | ".join(cells) + f" | {_round(per_step.get(drafter, {}).get('k3'), 3)} |"
         )
-    lines += ["", f"- vLLM without a draft: {_round(summary.get('plain_tokens_per_s'))} tokens/s"]
-    sampled = summary.get("engine_T0.7_acceptance_length") or {}
-    if sampled:
+    for mode, label in (("batch1", "one request at a time"), ("batched", "all prompts batched")):
+        rows = speed.get(mode, {})
+        if not rows:
+            continue
         lines += [
             "",
-            "| drafter (our engine, T=0.7) | " + " | ".join(f"AL k={k[1:]}" for k in ks) + " |",
+            f"| tokens/s, {label} (plain {_round(plain.get(mode))}) | "
+            + " | ".join(f"k={k[1:]}" for k in ks)
+            + " |",
             "|---" * (len(ks) + 1) + "|",
         ]
-        lines += [
-            f"| {drafter} | " + " | ".join(str(_round(row.get(k), 3)) for k in ks) + " |"
-            for drafter, row in sampled.items()
-        ]
-        lines.append("")
-    vllm_sampled = {n: v for n, v in (summary.get("vllm_T0.7_acceptance_length_k3") or {}).items() if v}
-    if vllm_sampled:
+        for drafter, row in rows.items():
+            cells = [
+                f"{_round((row.get(k) or {}).get('tokens_per_s'))} ({_times((row.get(k) or {}).get('speedup_vs_plain'))})"
+                for k in ks
+            ]
+            lines.append(f"| {drafter} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if summary.get("contended_runs"):
+        lines.append(f"- contended runs (other processes > 10 % of a core): {summary['contended_runs']}")
+    sampled = summary.get("engine_T0.7_acceptance_length_k3") or {}
+    if sampled:
         lines.append(
-            "- AL vLLM, T=0.7, k=3: "
-            + ", ".join(f"{n.split('/')[0]} {_round(v, 3)}" for n, v in vllm_sampled.items())
+            "- AL at T=0.7, k=3 (our engine): " + ", ".join(f"{n} {_round(v, 3)}" for n, v in sampled.items())
         )
     goals = summary.get("goals", {})
     lines.append(
         f"- goals: EAGLE-3 AL at k=3 >= {goals.get('eagle3_al_k3_goal')}: "
-        f"{'met' if goals.get('eagle3_goal_met') else 'NOT met'}; HASS {goals.get('hass_goal')}: "
-        f"{'met' if goals.get('hass_goal_met') else 'NOT met'} (gain {_pct(goals.get('hass_gain_over_eagle3'))})"
+        f"{'met' if goals.get('eagle3_goal_met') else 'NOT met'} ({_round(goals.get('eagle3_al_k3_greedy'), 3)}; "
+        f"before {goals.get('eagle3_al_k3_before')}); above n-gram's tokens per verify step "
+        f"({_round(goals.get('ngram_tokens_per_verify_step_k3'), 3)}): "
+        f"{'yes' if goals.get('eagle3_beats_ngram_per_step') else 'no'}; HASS {goals.get('hass_goal')}: "
+        f"{'met' if goals.get('hass_goal_met') else 'NOT met'} (gain {_pct(goals.get('hass_gain_over_eagle3'))}); "
+        f"ours / peer accepted per draft {_round(goals.get('ours_over_peer_accepted_per_draft_k3'), 2)} "
+        f"(goal {goals.get('ours_over_peer_goal')})"
     )
+    curve = summary.get("curve")
+    if curve:
+        lines.append(
+            f"- learning curve: {curve.get('points')} points in `{curve.get('file')}` (plot: .svg beside it)"
+        )
     return lines
 
 

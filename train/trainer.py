@@ -323,6 +323,7 @@ class Trainer:
             "tokens": tokens,
             "tokens_per_s": tokens / max(elapsed, 1e-9),
             "steps_per_s": (progress.step - since) / max(elapsed, 1e-9),
+            "process_cpu_s": time.process_time(),  # this rank's CPU so far, every thread: cost curves (bench)
             **total.per_step_metrics("train", with_topk=bool(self.settings.train.topk_weight)),
         }
 

