@@ -40,6 +40,10 @@ Not matched (the peer's trainer does not allow it; each is recorded in the JSON)
     the features' RMS (``fc_init: feature_rms``). TTT inputs: the peer feeds the ground-truth next tokens to later
     TTT steps (its teacher forcing), ours follows our trainer. Out-of-vocab targets: the peer does not mask them.
   * order: the peer's sampler shuffles with its own seed, so the samples per step are not ours.
+
+The export is the peer's, unfixed: it writes ``architectures: ["Eagle3DraftModel"]`` (our validator warns, it
+expects ``Eagle3Speculator``), an ``auto_map`` with its ``config.py`` and its ``train_command.txt``; vLLM serves
+it as is (``--vllm-prompts``).
 """
 
 from __future__ import annotations
@@ -333,6 +337,21 @@ def final_losses(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def step_timing(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Seconds per optimizer step from the peer's own step profiles (fetch + forward + backward + optimizer: no
+    start-up, validation or checkpointing), and its tokens/s."""
+    profiles = [m["profile"] for m in metrics if isinstance(m.get("profile"), dict)]
+    if not profiles:
+        return None
+    seconds = [p["step_ms"] / 1000 for p in profiles]
+    return {
+        "steps_profiled": len(seconds),
+        "mean_seconds_per_step": sum(seconds) / len(seconds),
+        "seconds_per_step": seconds,
+        "mean_tokens_per_second": sum(p["tokens_per_s"] for p in profiles) / len(profiles),
+    }
+
+
 def last_checkpoint(checkpoints: Path) -> Path:
     """The newest epoch directory the peer's checkpointer wrote (``<save_path>/<epoch>/``)."""
     epochs = sorted((int(p.name), p) for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit())
@@ -374,6 +393,37 @@ def weight_changes(init_dir: Path, trained_dir: Path) -> dict[str, float]:
     }
 
 
+def vllm_check(
+    draft: Path, data_dir: Path, verifier: str, *, prompts: int, k: int = 3, max_tokens: int = 64
+) -> dict:
+    """Serve the peer's export in vLLM (our bridge, fp32, greedy) on the first held-out prompts, beside plain
+    decoding: acceptance length and whether the greedy output is unchanged."""
+    from transformers import AutoTokenizer
+
+    from speculators.eval.prompts import load_prompts, select_prompts
+    from speculators.serving import VllmRequest, eagle3_speculative_config, run_vllm
+
+    tokenizer = AutoTokenizer.from_pretrained(verifier)
+    ids, _, _ = select_prompts(
+        tokenizer, load_prompts(data_dir / "heldout_conversations.jsonl"), 512, prompts
+    )
+    base = dict(model=verifier, prompts=ids, max_tokens=max_tokens, dtype="float32", max_model_len=1024)
+    spec = eagle3_speculative_config(draft, k)
+    plain, drafted = run_vllm(
+        [VllmRequest(**base, name="plain"), VllmRequest(**base, speculative_config=spec, name=f"peer/k{k}")],
+        log_path=draft.parent / "peer_vllm.log",
+    )
+    return {
+        "prompts": len(ids),
+        "k": k,
+        "acceptance_length": drafted.spec.mean_acceptance_length if drafted.spec else None,
+        "per_position_acceptance": drafted.spec.per_position_acceptance_rate if drafted.spec else None,
+        "num_drafts": drafted.spec.num_drafts if drafted.spec else None,
+        "greedy_output_unchanged": plain.token_ids == drafted.token_ids,
+        "vllm_version": drafted.vllm_version,
+    }
+
+
 # ---- the lane --------------------------------------------------------------------------------------------------
 def default_tokens_per_step(train_lengths: list[int], samples_per_step: int) -> int:
     """The peer's token budget per step: our samples per step at the train set's mean length (>= the longest)."""
@@ -399,10 +449,12 @@ def train_peer(
     seed: int = 0,
     threads: int = 1,
     check_init: bool = False,
+    vllm_prompts: int = 0,
 ) -> dict[str, Any]:
     """Convert ``data_dir``, train the peer for ``steps`` optimizer steps, export and validate; returns the report
     also written to ``<out>/peer_lane.json``. ``check_init`` first saves the peer's own initial draft (its
-    ``--dry-run``, same seed) and reports how far training moved each tensor."""
+    ``--dry-run``, same seed) and reports how far training moved each tensor; ``vllm_prompts`` > 0 also serves
+    the export in vLLM at k=3 on that many held-out prompts."""
     out = Path(out).resolve()
     data_dir = Path(data_dir).resolve()
     peer_data, run_dir = out / "peer_data", out / "peer_run"
@@ -456,13 +508,15 @@ def train_peer(
         "wall_seconds": run["wall_seconds"],
         "cpu_seconds": run["cpu_seconds"],
         "trainer_seconds": launch["train_seconds"],
-        "seconds_per_step": launch["train_seconds"] / steps,
+        "seconds_per_step": launch["train_seconds"] / steps,  # everything in the trainer, over the steps
+        "step_timing": step_timing(run["metrics"]),  # the optimizer steps alone
         "cpu_shim_applied": launch["cpu_shim_applied"],
         "losses": final_losses(run["metrics"]),
         "checkpoint": str(checkpoint),
         "export": {"dir": str(draft), "files": files},
         "validation": validation_result(draft),
         "weight_max_abs_change": weight_changes(init, draft) if init else None,
+        "vllm": vllm_check(draft, data_dir, verifier, prompts=vllm_prompts) if vllm_prompts else None,
         "matched": MATCHED,
         "not_matched": not_matched(lr, samples_per_step, total_seq_len, launch["samples_per_step_mean"]),
     }
@@ -532,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check-init", action="store_true", help="also save the peer's init and diff weights"
     )
+    parser.add_argument(
+        "--vllm-prompts", type=int, default=0, help="serve the export in vLLM on N held-out prompts"
+    )
     args = parser.parse_args(argv)
     report = train_peer(
         args.data,
@@ -550,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         threads=args.threads,
         check_init=args.check_init,
+        vllm_prompts=args.vllm_prompts,
     )
     summary = {
         k: report[k] for k in ("steps", "wall_seconds", "cpu_seconds", "seconds_per_step", "validation")
