@@ -1,0 +1,620 @@
+"""The peer lane (issue 14, item 1): the same draft trained by ``speculators==0.9.0``'s OWN trainer on OUR data.
+
+Only the trainers differ. The lane converts a data_gen output directory (``train/`` + ``heldout/`` shards, read
+with ``data_gen.store.FeatureDataset``) into the peer's data layout, runs the peer's trainer (installed in
+``.venv-speculators``; nothing of it is copied here) on the CPU through a small device shim
+(``bench/peer_launch.py``), takes the checkpoint its own ``save_pretrained`` wrote as the export, and checks it with
+OUR validator (``speculators validate``)::
+
+    .venv/bin/python bench/peer_lane.py --data outputs/eagle3_smollm2/data --out outputs/peer --steps 5
+
+Outputs: ``<out>/peer_data/`` (the converted data: resumable, reused when already converted), ``<out>/peer_draft/``
+(the peer's export) and ``<out>/peer_lane.json`` (commands, steps, samples, tokens, wall/CPU seconds, losses, the
+validation result, what was matched and what not).
+
+The peer's data layout (its ``train/data.py`` ArrowDataset and ``hs_connectors`` FileTransfer):
+  * an Arrow dataset (``datasets.save_to_disk``, torch format) with ``input_ids``, ``loss_mask`` (int64, its own
+    preprocessing's dtype) and ``seq_len`` per sample; the first ``int(n * train_data_ratio)`` rows train, the rest
+    validate. We write train samples then held-out samples and pick the ratio so the split falls exactly there.
+  * ``hs_<row>.safetensors`` per sample with ``hidden_states [T, 4, H]`` and ``token_ids [T]``. The peer flattens
+    ``[:, :-1]`` into the fc input and feeds ``[:, -1]`` through the verifier's final norm and lm_head for its
+    targets, so the 4 slots are our 3 aux layers (residual stream entering ``aux_layer_ids``, vLLM's convention,
+    the one vLLM's capture gives the peer) in manifest order, then our last hidden state BEFORE the final norm.
+    bf16-stored features are written in bf16 (exact); fp8-stored ones are written dequantised in float32.
+  * the loss mask carries over unchanged, so the peer trains on exactly our assistant tokens.
+
+Matched: data (tokens, features, loss mask, train/held-out split), draft vocabulary (our d2t/t2d, passed as the
+peer's ``--d2t-path/--t2d-path``: same size and mapping), draft shape (1 llama decoder layer, hidden/heads from
+the verifier, full attention, ``norm_before_residual``, no ``norm_before_fc``/``norm_output``, our aux layer ids),
+TTT steps, step-weight decay (its ``--ttt-step-loss-decay``), forward-KL loss, AdamW at our lr with weight decay 0,
+cosine schedule to 0 with our warmup ratio, number of optimizer steps, fp32 on CPU.
+
+Not matched (the peer's trainer does not allow it; each is recorded in the JSON):
+  * batch: the peer packs samples into rows of ``--total-seq-len`` TOKENS (its multipack sampler); ours takes
+    ``micro_batch_size x grad_accum`` SAMPLES per step. The lane sets the token budget to that many samples of the
+    train set's mean length, so tokens per step match on average; samples per step vary (recorded).
+  * AdamW betas: the peer uses torch's default (0.9, 0.999); our recipe (0.9, 0.95). Grad clip: peer 1.0, ours 0.5.
+  * warmup steps: the peer truncates ``steps x ratio``; ours may round differently.
+  * lm_head: both start it from the verifier's rows of the draft vocab, but the peer FREEZES it (its
+    ``SpeculatorModel`` sets ``requires_grad=False``); ours trains it. fc: the peer's is random, ours is scaled by
+    the features' RMS (``fc_init: feature_rms``). TTT inputs: the peer feeds the ground-truth next tokens to later
+    TTT steps (its teacher forcing), ours follows our trainer. Out-of-vocab targets: the peer does not mask them.
+  * order: the peer's sampler shuffles with its own seed, so the samples per step are not ours.
+
+The export is the peer's, unfixed: it writes ``architectures: ["Eagle3DraftModel"]`` (our validator warns, it
+expects ``Eagle3Speculator``), an ``auto_map`` with its ``config.py`` and its ``train_command.txt``; vLLM serves
+it as is (``--vllm-prompts``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from data_gen.store import FeatureDataset, read_manifest, read_token_counts  # noqa: E402
+from speculators.atomic import atomic_write_json, fsync_replace, temp_sibling  # noqa: E402
+from speculators.format.checkpoint import atomic_directory  # noqa: E402
+from speculators.format.validate import errors, validate_checkpoint  # noqa: E402
+from speculators.serving.speculators_package import speculators_package_python  # noqa: E402
+from speculators.vocab import DraftVocab, build_draft_vocab  # noqa: E402
+
+LAUNCHER = REPO / "bench" / "peer_launch.py"
+CONVERSION_NAME = "conversion.json"
+SOURCE_NAME = "source.json"
+# eagle3_smollm2_large (recipes/recipe/eagle3_smollm2{,_large}.yaml, recipes/train/eagle3.yaml, recipes/optim,
+# recipes/schedule): 3 epochs x (290 train samples // 4) would be its step count; pass --steps explicitly.
+RECIPE_DEFAULTS = {
+    "lr": 3e-4,
+    "warmup_ratio": 0.03,
+    "micro_batch_size": 4,
+    "grad_accum": 1,
+    "ttt_steps": 3,
+    "step_weight_decay": 0.8,
+    "draft_vocab_size": 8192,
+    "epochs": 3,
+}
+TRAINING_STATE_FILES = ("optimizer_state_dict.pt", "scheduler_state_dict.pt", "training_state.json")
+
+
+# ---- data ----------------------------------------------------------------------------------------------------
+def source_fingerprint(data_dir: Path) -> dict[str, Any]:
+    """What identifies the converted data: each split's shard hashes (a re-captured data dir differs here)."""
+    return {
+        split: [shard.get("sha256") for shard in read_manifest(data_dir / split)["shards"]]
+        for split in ("train", "heldout")
+    }
+
+
+def peer_sample(sample: dict[str, Any], storage_dtype: str) -> dict[str, torch.Tensor]:
+    """One sample in the peer's hs file layout: ``hidden_states [T, 4, H]`` (3 aux + last) and ``token_ids``."""
+    aux, last = sample["aux_hidden"], sample["last_hidden"]
+    tokens, hidden = last.shape
+    stacked = torch.cat([aux.view(tokens, -1, hidden), last.view(tokens, 1, hidden)], dim=1)
+    dtype = torch.bfloat16 if storage_dtype == "bfloat16" else torch.float32
+    converted = stacked.to(dtype)
+    if not torch.equal(converted.float(), stacked):
+        raise ValueError(f"sample {sample['sample_id']}: features do not survive the cast to {dtype}")
+    return {"hidden_states": converted.contiguous(), "token_ids": sample["input_ids"].to(torch.long)}
+
+
+def write_atomic_safetensors(tensors: dict[str, torch.Tensor], target: Path) -> None:
+    tmp = temp_sibling(target)
+    try:
+        save_file(tensors, str(tmp))
+        fsync_replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_arrow_dataset(rows: dict[str, list], target: Path) -> None:
+    """The peer's Arrow dataset (torch format, as its own preprocessing leaves it), written atomically."""
+    from datasets import Dataset
+
+    dataset = Dataset.from_dict(rows)
+    dataset.set_format(type="torch")
+    with atomic_directory(target) as staging:
+        dataset.save_to_disk(str(staging))
+
+
+def save_vocab_npy(vocab: DraftVocab, peer_data: Path) -> None:
+    """Our d2t (int64 offsets) and t2d (bool) as the .npy files its ``--d2t-path/--t2d-path`` load."""
+    for name, tensor in (("d2t", vocab.d2t), ("t2d", vocab.t2d)):
+        target = peer_data / f"{name}.npy"
+        tmp = temp_sibling(target)
+        try:
+            with open(tmp, "wb") as handle:
+                np.save(handle, tensor.numpy())
+            fsync_replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def draft_vocab_for(data_dir: Path, draft_vocab_size: int, vocab_file: Path | None) -> DraftVocab:
+    """Our run's draft vocabulary: its saved file when given, else built from the data's token counts as ours is."""
+    if vocab_file is not None:
+        return DraftVocab.load(vocab_file)
+    counts, provenance = read_token_counts(data_dir)
+    return build_draft_vocab(counts, draft_vocab_size, provenance={"token_counts": provenance})
+
+
+def convert_data(data_dir: Path, peer_data: Path) -> dict[str, Any]:
+    """Write the peer's data files for ``data_dir`` (skips samples already written; a finished conversion is reused)."""
+    fingerprint = source_fingerprint(data_dir)
+    done = peer_data / CONVERSION_NAME
+    if done.exists():
+        record = json.loads(done.read_text())
+        if record["source_fingerprint"] != fingerprint:
+            raise ValueError(
+                f"{peer_data} holds a conversion of other data than {data_dir}; choose another --out or delete it"
+            )
+        return record
+    source = peer_data / SOURCE_NAME
+    if source.exists() and json.loads(source.read_text())["source_fingerprint"] != fingerprint:
+        raise ValueError(
+            f"{peer_data} holds a partial conversion of other data; choose another --out or delete it"
+        )
+    atomic_write_json(source, {"data_dir": str(data_dir), "source_fingerprint": fingerprint})
+    hs_dir = peer_data / "hidden_states"
+    hs_dir.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    counts, reused = {}, 0
+    for split in ("train", "heldout"):
+        dataset = FeatureDataset(data_dir / split)
+        storage = dataset.manifest["storage_dtype"]
+        counts[split] = len(dataset)
+        for index in range(len(dataset)):
+            row = len(rows["seq_len"])
+            target = hs_dir / f"hs_{row}.safetensors"
+            sample = dataset[index]
+            if target.exists():  # written atomically by an earlier, interrupted conversion: complete
+                reused += 1
+            else:
+                write_atomic_safetensors(peer_sample(sample, storage), target)
+            ids, mask = sample["input_ids"], sample["loss_mask"]
+            rows["input_ids"].append(ids.to(torch.long).tolist())
+            rows["loss_mask"].append(mask.to(torch.long).tolist())
+            rows["seq_len"].append(int(ids.shape[0]))
+    write_arrow_dataset(rows, peer_data / "dataset")
+    manifest = read_manifest(data_dir / "train")
+    record = {
+        "data_dir": str(data_dir),
+        "source_fingerprint": fingerprint,
+        "train_samples": counts["train"],
+        "heldout_samples": counts["heldout"],
+        "samples_reused": reused,
+        # int(n * ratio) must land exactly on the train count: half a sample of slack absorbs float rounding
+        "train_data_ratio": (counts["train"] + 0.5) / (counts["train"] + counts["heldout"]),
+        "train_lengths": rows["seq_len"][: counts["train"]],
+        "aux_layer_ids": manifest["aux_layer_ids"],
+        "storage_dtype": manifest["storage_dtype"],
+        "verifier": manifest["verifier"],
+    }
+    atomic_write_json(done, record)
+    return record
+
+
+def read_peer_sample(peer_data: Path, row: int) -> dict[str, torch.Tensor]:
+    """One converted sample as the peer reads it: its hs file plus its dataset row (for checks and tests)."""
+    from datasets import load_from_disk
+
+    tensors = load_file(str(peer_data / "hidden_states" / f"hs_{row}.safetensors"))
+    item = load_from_disk(str(peer_data / "dataset"))[row]
+    return {
+        **tensors,
+        "input_ids": item["input_ids"],
+        "loss_mask": item["loss_mask"],
+        "seq_len": item["seq_len"],
+    }
+
+
+# ---- the peer's trainer ----------------------------------------------------------------------------------------
+def peer_flags(
+    conversion: dict[str, Any],
+    peer_data: Path,
+    run_dir: Path,
+    *,
+    draft_vocab_size: int,
+    verifier: str,
+    lr: float,
+    warmup_ratio: float,
+    total_seq_len: int,
+    ttt_steps: int,
+    step_weight_decay: float,
+    seed: int,
+    dry_run: bool = False,
+) -> list[str]:
+    """The ``speculators train`` flags of the lane (real flag names of speculators 0.9.0)."""
+    flags = [
+        "--speculator-type", "eagle3",
+        "--verifier-name-or-path", verifier,
+        "--data-path", str(peer_data / "dataset"),
+        "--hidden-states-path", str(peer_data / "hidden_states"),
+        "--on-missing", "raise",
+        "--train-data-ratio", repr(conversion["train_data_ratio"]),
+        "--total-seq-len", str(total_seq_len),
+        "--hidden-states-dtype", "float32",
+        "--num-workers", "0",
+        "--d2t-path", str(peer_data / "d2t.npy"),
+        "--t2d-path", str(peer_data / "t2d.npy"),
+        "--draft-vocab-size", str(draft_vocab_size),
+        "--target-layer-ids", *map(str, conversion["aux_layer_ids"]),
+        "--num-layers", "1",
+        "--draft-arch", "llama",
+        "--full-attention-indices", "0",
+        "--norm-before-residual",
+        "--no-norm-before-fc",
+        "--no-norm-output",
+        "--mask-token-id", "0",  # unused by eagle3; explicit so the peer does not load a tokenizer to pick one
+        "--draft-attn-impl", "sdpa",
+        "--loss-implementation", "eager",
+        "--loss-fn", "kl_div",
+        "--ttt-steps", str(ttt_steps),
+        "--ttt-step-loss-decay", repr(step_weight_decay),
+        "--optimizer", "adamw",
+        "--lr", repr(lr),
+        "--weight-decay", "0",
+        "--scheduler-type", "cosine",
+        "--scheduler-warmup-ratio", repr(warmup_ratio),
+        "--seed", str(seed),
+        "--save-path", str(run_dir / "checkpoints"),
+        "--log-dir", str(run_dir / "logs"),
+        "--no-resume-from-checkpoint",
+    ]  # fmt: skip
+    return flags + (["--dry-run"] if dry_run else [])
+
+
+def run_peer(flags: list[str], run_dir: Path, *, steps: int, threads: int) -> dict[str, Any]:
+    """Run the peer's trainer through the shim; wall and CPU seconds of the child (rusage of children)."""
+    report, metrics = run_dir / "launch_report.json", run_dir / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    command = [
+        str(speculators_package_python()),
+        str(LAUNCHER),
+        "--threads",
+        str(threads),
+        "--steps",
+        str(steps),
+    ]
+    command += ["--report", str(report), "--metrics", str(metrics), "--", *flags]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(Path.home()),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+    }
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    (run_dir / "peer_stdout.log").write_text(result.stdout)
+    (run_dir / "peer_stderr.log").write_text(result.stderr)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"the peer's trainer failed ({result.returncode}); see {run_dir}/peer_stderr.log:\n"
+            + result.stderr[-3000:]
+        )
+    return {
+        "command": command,
+        "wall_seconds": wall,
+        "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "launch": json.loads(report.read_text()),
+        "metrics": [json.loads(line) for line in metrics.read_text().splitlines()]
+        if metrics.exists()
+        else [],
+    }
+
+
+def final_losses(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first and last training records and the last validation record the peer logged."""
+    train = [m for m in metrics if "train" in m]
+    val = [m for m in metrics if "val" in m]
+    return {
+        "first_train": train[0]["train"] if train else None,
+        "last_train": train[-1]["train"] if train else None,
+        "last_train_step": train[-1].get("global_step") if train else None,
+        "last_val": val[-1]["val"] if val else None,
+        "lr_by_step": [m.get("lr") for m in train],
+    }
+
+
+def step_timing(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Seconds per optimizer step from the peer's own step profiles (fetch + forward + backward + optimizer: no
+    start-up, validation or checkpointing), and its tokens/s."""
+    profiles = [m["profile"] for m in metrics if isinstance(m.get("profile"), dict)]
+    if not profiles:
+        return None
+    seconds = [p["step_ms"] / 1000 for p in profiles]
+    return {
+        "steps_profiled": len(seconds),
+        "mean_seconds_per_step": sum(seconds) / len(seconds),
+        "seconds_per_step": seconds,
+        "mean_tokens_per_second": sum(p["tokens_per_s"] for p in profiles) / len(profiles),
+    }
+
+
+def last_checkpoint(checkpoints: Path) -> Path:
+    """The newest epoch directory the peer's checkpointer wrote (``<save_path>/<epoch>/``)."""
+    epochs = sorted((int(p.name), p) for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit())
+    if not epochs:
+        raise FileNotFoundError(f"the peer wrote no checkpoint under {checkpoints}")
+    return epochs[-1][1]
+
+
+def export_peer(checkpoint: Path, target: Path) -> list[str]:
+    """The peer's export as it wrote it (its ``save_pretrained`` output), without its training state. No fixes."""
+    with atomic_directory(target) as staging:
+        for path in checkpoint.iterdir():
+            if path.is_file() and path.name not in TRAINING_STATE_FILES:
+                shutil.copy2(path, staging / path.name)
+    return sorted(p.name for p in target.iterdir())
+
+
+def validation_result(draft: Path) -> dict[str, Any]:
+    """OUR validator's findings on the peer's export (the function behind ``speculators validate``)."""
+    findings = validate_checkpoint(draft)
+    return {
+        "passed": not errors(findings),
+        "errors": [str(f) for f in errors(findings)],
+        "warnings": [str(f) for f in findings if f.severity == "warning"],
+    }
+
+
+def weight_changes(init_dir: Path, trained_dir: Path) -> dict[str, float]:
+    """Max |trained - init| per tensor: proof that it trained. Its dry run saves the init in the features' dtype
+    (fp32 here) and its checkpoints in bf16, so the init is rounded to the trained tensor's dtype first."""
+    init, trained = (
+        load_file(str(init_dir / "model.safetensors")),
+        load_file(str(trained_dir / "model.safetensors")),
+    )
+    return {
+        name: float((trained[name].float() - init[name].to(trained[name].dtype).float()).abs().max())
+        for name in sorted(trained)
+        if name in init and trained[name].is_floating_point()
+    }
+
+
+def vllm_check(
+    draft: Path, data_dir: Path, verifier: str, *, prompts: int, k: int = 3, max_tokens: int = 64
+) -> dict:
+    """Serve the peer's export in vLLM (our bridge, fp32, greedy) on the first held-out prompts, beside plain
+    decoding: acceptance length and whether the greedy output is unchanged."""
+    from transformers import AutoTokenizer
+
+    from speculators.eval.prompts import load_prompts, select_prompts
+    from speculators.serving import VllmRequest, eagle3_speculative_config, run_vllm
+
+    tokenizer = AutoTokenizer.from_pretrained(verifier)
+    ids, _, _ = select_prompts(
+        tokenizer, load_prompts(data_dir / "heldout_conversations.jsonl"), 512, prompts
+    )
+    base = dict(model=verifier, prompts=ids, max_tokens=max_tokens, dtype="float32", max_model_len=1024)
+    spec = eagle3_speculative_config(draft, k)
+    plain, drafted = run_vllm(
+        [VllmRequest(**base, name="plain"), VllmRequest(**base, speculative_config=spec, name=f"peer/k{k}")],
+        log_path=draft.parent / "peer_vllm.log",
+    )
+    return {
+        "prompts": len(ids),
+        "k": k,
+        "acceptance_length": drafted.spec.mean_acceptance_length if drafted.spec else None,
+        "per_position_acceptance": drafted.spec.per_position_acceptance_rate if drafted.spec else None,
+        "num_drafts": drafted.spec.num_drafts if drafted.spec else None,
+        "greedy_output_unchanged": plain.token_ids == drafted.token_ids,
+        "vllm_version": drafted.vllm_version,
+    }
+
+
+# ---- the lane --------------------------------------------------------------------------------------------------
+def default_tokens_per_step(train_lengths: list[int], samples_per_step: int) -> int:
+    """The peer's token budget per step: our samples per step at the train set's mean length (>= the longest)."""
+    mean = sum(train_lengths) / len(train_lengths)
+    return max(round(samples_per_step * mean), max(train_lengths))
+
+
+def train_peer(
+    data_dir: Path,
+    out: Path,
+    *,
+    steps: int,
+    lr: float = RECIPE_DEFAULTS["lr"],
+    warmup_ratio: float = RECIPE_DEFAULTS["warmup_ratio"],
+    micro_batch_size: int = RECIPE_DEFAULTS["micro_batch_size"],
+    grad_accum: int = RECIPE_DEFAULTS["grad_accum"],
+    ttt_steps: int = RECIPE_DEFAULTS["ttt_steps"],
+    step_weight_decay: float = RECIPE_DEFAULTS["step_weight_decay"],
+    draft_vocab_size: int = RECIPE_DEFAULTS["draft_vocab_size"],
+    draft_vocab_file: Path | None = None,
+    verifier: str | None = None,
+    tokens_per_step: int | None = None,
+    seed: int = 0,
+    threads: int = 1,
+    check_init: bool = False,
+    vllm_prompts: int = 0,
+) -> dict[str, Any]:
+    """Convert ``data_dir``, train the peer for ``steps`` optimizer steps, export and validate; returns the report
+    also written to ``<out>/peer_lane.json``. ``check_init`` first saves the peer's own initial draft (its
+    ``--dry-run``, same seed) and reports how far training moved each tensor; ``vllm_prompts`` > 0 also serves
+    the export in vLLM at k=3 on that many held-out prompts."""
+    out = Path(out).resolve()
+    data_dir = Path(data_dir).resolve()
+    peer_data, run_dir = out / "peer_data", out / "peer_run"
+    start = time.perf_counter()
+    vocab = draft_vocab_for(data_dir, draft_vocab_size, draft_vocab_file)
+    conversion = convert_data(data_dir, peer_data)
+    save_vocab_npy(vocab, peer_data)  # every run: the vocabulary is a setting, not part of the converted data
+    convert_seconds = time.perf_counter() - start
+    verifier = verifier or resolve_verifier(conversion["verifier"])
+    samples_per_step = micro_batch_size * grad_accum
+    total_seq_len = tokens_per_step or default_tokens_per_step(conversion["train_lengths"], samples_per_step)
+    settings = dict(lr=lr, warmup_ratio=warmup_ratio, total_seq_len=total_seq_len, ttt_steps=ttt_steps)
+    settings.update(step_weight_decay=step_weight_decay, seed=seed, verifier=verifier)
+    settings.update(draft_vocab_size=vocab.draft_vocab_size)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    init = None
+    if check_init:
+        init_dir = out / "peer_init"
+        shutil.rmtree(init_dir, ignore_errors=True)
+        init_dir.mkdir(parents=True)
+        run_peer(
+            peer_flags(conversion, peer_data, init_dir, dry_run=True, **settings),
+            init_dir,
+            steps=1,
+            threads=threads,
+        )
+        init = init_dir / "checkpoints"  # its --dry-run saves the initial draft right there
+    run = run_peer(
+        peer_flags(conversion, peer_data, run_dir, **settings), run_dir, steps=steps, threads=threads
+    )
+    checkpoint = last_checkpoint(run_dir / "checkpoints")
+    draft = out / "peer_draft"
+    files = export_peer(checkpoint, draft)
+    launch = run.pop("launch")
+    report = {
+        "data_dir": str(data_dir),
+        "peer": "speculators==0.9.0 (.venv-speculators), its own trainer and save_pretrained",
+        "commands": {"convert": "in-process (ours)", "train": run.pop("command")},
+        "convert_seconds": convert_seconds,
+        "conversion": {k: v for k, v in conversion.items() if k != "train_lengths"},
+        "draft_vocab": {"size": vocab.draft_vocab_size, "provenance": vocab.provenance},
+        "steps": steps,
+        "epochs": launch["epochs"],
+        "samples_trained": launch["samples_trained"],
+        "samples_per_step_mean": launch["samples_per_step_mean"],
+        "our_samples_per_step": samples_per_step,
+        "tokens_per_step_budget": total_seq_len,
+        "tokens_trained": launch["tokens_trained"],
+        "threads": threads,
+        "wall_seconds": run["wall_seconds"],
+        "cpu_seconds": run["cpu_seconds"],
+        "trainer_seconds": launch["train_seconds"],
+        "seconds_per_step": launch["train_seconds"] / steps,  # everything in the trainer, over the steps
+        "step_timing": step_timing(run["metrics"]),  # the optimizer steps alone
+        "cpu_shim_applied": launch["cpu_shim_applied"],
+        "losses": final_losses(run["metrics"]),
+        "checkpoint": str(checkpoint),
+        "export": {"dir": str(draft), "files": files},
+        "validation": validation_result(draft),
+        "weight_max_abs_change": weight_changes(init, draft) if init else None,
+        "vllm": vllm_check(draft, data_dir, verifier, prompts=vllm_prompts) if vllm_prompts else None,
+        "matched": MATCHED,
+        "not_matched": not_matched(lr, samples_per_step, total_seq_len, launch["samples_per_step_mean"]),
+    }
+    atomic_write_json(out / "peer_lane.json", report)
+    return report
+
+
+MATCHED = [
+    "data: the same tokens, verifier features (3 aux + pre-norm last state), loss mask, train/held-out split",
+    "draft vocabulary: our d2t/t2d (same size and mapping) via --d2t-path/--t2d-path",
+    "draft: 1 llama decoder layer, full attention, norm_before_residual, no norm_before_fc/norm_output, our aux ids",
+    "TTT steps, step-weight decay (--ttt-step-loss-decay), forward-KL loss, fp32 on CPU",
+    "AdamW lr and weight decay 0, cosine to 0 with the warmup ratio, number of optimizer steps",
+]
+
+
+def not_matched(lr: float, samples_per_step: int, tokens_per_step: int, peer_samples: float) -> list[str]:
+    return [
+        f"batch: ours {samples_per_step} samples/step; the peer packs {tokens_per_step}-token rows "
+        f"({peer_samples:.2f} samples/step on average)",
+        "AdamW betas: peer (0.9, 0.999) (torch default, no flag); ours (0.9, 0.95)",
+        "grad clip: peer 1.0 (hard-coded); ours 0.5",
+        "lm_head: both start from the verifier's rows; the peer freezes it, ours trains it",
+        "fc init: peer random; ours fc_init feature_rms (columns scaled by 1/RMS of each feature dim)",
+        "TTT inputs: the peer teacher-forces ground-truth tokens into later steps; no out-of-vocab target mask",
+        "sample order: the peer's multipack sampler shuffles with its own seed",
+        f"warmup: the peer uses int(steps x ratio) steps at lr {lr}",
+    ]
+
+
+def resolve_verifier(verifier: dict[str, Any]) -> str:
+    """The verifier directory the data was captured with (the peer needs a local config and weights)."""
+    for key in ("resolved_path", "name_or_path"):
+        path = verifier.get(key)
+        if path and Path(path).is_dir():
+            return str(path)
+    raise FileNotFoundError(
+        f"the data's verifier {verifier.get('name_or_path')!r} is not a local directory; pass --verifier <dir>"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--data", type=Path, required=True, help="a data_gen output dir (train/ heldout/ ...)"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="writes peer_data/ peer_draft/ peer_lane.json here"
+    )
+    parser.add_argument("--steps", type=int, required=True, help="optimizer steps (our run's step count)")
+    parser.add_argument("--lr", type=float, default=RECIPE_DEFAULTS["lr"])
+    parser.add_argument("--warmup-ratio", type=float, default=RECIPE_DEFAULTS["warmup_ratio"])
+    parser.add_argument("--micro-batch-size", type=int, default=RECIPE_DEFAULTS["micro_batch_size"])
+    parser.add_argument("--grad-accum", type=int, default=RECIPE_DEFAULTS["grad_accum"])
+    parser.add_argument("--ttt-steps", type=int, default=RECIPE_DEFAULTS["ttt_steps"])
+    parser.add_argument("--step-weight-decay", type=float, default=RECIPE_DEFAULTS["step_weight_decay"])
+    parser.add_argument("--draft-vocab-size", type=int, default=RECIPE_DEFAULTS["draft_vocab_size"])
+    parser.add_argument(
+        "--draft-vocab-file", type=Path, help="our run's draft_vocab.safetensors (else built)"
+    )
+    parser.add_argument("--verifier", help="verifier dir (default: the one the data was captured with)")
+    parser.add_argument(
+        "--tokens-per-step", type=int, help="the peer's --total-seq-len (default: see docstring)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--check-init", action="store_true", help="also save the peer's init and diff weights"
+    )
+    parser.add_argument(
+        "--vllm-prompts", type=int, default=0, help="serve the export in vLLM on N held-out prompts"
+    )
+    args = parser.parse_args(argv)
+    report = train_peer(
+        args.data,
+        args.out,
+        steps=args.steps,
+        lr=args.lr,
+        warmup_ratio=args.warmup_ratio,
+        micro_batch_size=args.micro_batch_size,
+        grad_accum=args.grad_accum,
+        ttt_steps=args.ttt_steps,
+        step_weight_decay=args.step_weight_decay,
+        draft_vocab_size=args.draft_vocab_size,
+        draft_vocab_file=args.draft_vocab_file,
+        verifier=args.verifier,
+        tokens_per_step=args.tokens_per_step,
+        seed=args.seed,
+        threads=args.threads,
+        check_init=args.check_init,
+        vllm_prompts=args.vllm_prompts,
+    )
+    summary = {
+        k: report[k] for k in ("steps", "wall_seconds", "cpu_seconds", "seconds_per_step", "validation")
+    }
+    print(json.dumps(summary, indent=1))
+    return 0 if report["validation"]["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
