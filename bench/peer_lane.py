@@ -76,8 +76,8 @@ from speculators.vocab import DraftVocab, build_draft_vocab  # noqa: E402
 LAUNCHER = REPO / "bench" / "peer_launch.py"
 CONVERSION_NAME = "conversion.json"
 SOURCE_NAME = "source.json"
-# eagle3_smollm2_large (recipes/recipe/eagle3_smollm2{,_large}.yaml, recipes/train/eagle3.yaml, recipes/optim,
-# recipes/schedule): 3 epochs x (290 train samples // 4) would be its step count; pass --steps explicitly.
+# eagle3_smollm2_large's values (recipes/recipe/eagle3_smollm2{,_large}.yaml, recipes/train/eagle3.yaml,
+# recipes/optim, recipes/schedule); ``--recipe`` reads them from the composed recipe instead, steps included.
 RECIPE_DEFAULTS = {
     "lr": 3e-4,
     "warmup_ratio": 0.03,
@@ -86,7 +86,6 @@ RECIPE_DEFAULTS = {
     "ttt_steps": 3,
     "step_weight_decay": 0.8,
     "draft_vocab_size": 8192,
-    "epochs": 3,
 }
 TRAINING_STATE_FILES = ("optimizer_state_dict.pt", "scheduler_state_dict.pt", "training_state.json")
 
@@ -558,6 +557,38 @@ def resolve_verifier(verifier: dict[str, Any]) -> str:
     )
 
 
+def recipe_settings(recipe: str, overrides: list[str], data_dir: Path) -> dict[str, Any]:
+    """The training settings of our recipe (Hydra-composed, with ``overrides``), and its optimizer step count on
+    ``data_dir`` (the trainer's own batch plan: whole global batches per epoch x epochs, capped by max_steps)."""
+    from hydra import compose, initialize_config_dir
+
+    from train.data import BatchPlan
+
+    with initialize_config_dir(config_dir=str(REPO / "recipes"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"recipe={recipe}", *overrides])
+    train = cfg.train
+    samples = int(read_manifest(data_dir / "train")["num_samples"])
+    if train.max_samples:
+        samples = min(samples, int(train.max_samples))
+    plan = BatchPlan(samples, int(train.micro_batch_size), int(train.grad_accum), 1, int(cfg.seed))
+    steps = plan.steps_per_epoch * int(train.epochs)
+    if train.max_steps:
+        steps = min(steps, int(train.max_steps))
+    if cfg.schedule.name != "cosine":
+        raise SystemExit(f"recipe {recipe}: schedule {cfg.schedule.name!r}; the peer lane passes cosine only")
+    return {
+        "steps": steps,
+        "lr": float(cfg.optim.lr),
+        "warmup_ratio": float(cfg.schedule.warmup_ratio),
+        "micro_batch_size": int(train.micro_batch_size),
+        "grad_accum": int(train.grad_accum),
+        "ttt_steps": int(train.ttt_steps),
+        "step_weight_decay": float(train.step_weight_decay),
+        "draft_vocab_size": int(cfg.model.draft_vocab_size),
+        "seed": int(cfg.seed),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -566,7 +597,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, required=True, help="writes peer_data/ peer_draft/ peer_lane.json here"
     )
-    parser.add_argument("--steps", type=int, required=True, help="optimizer steps (our run's step count)")
+    parser.add_argument("--steps", type=int, help="optimizer steps (our run's step count; or --recipe)")
+    parser.add_argument(
+        "--recipe",
+        help="take steps, lr, warmup, batch, TTT, step decay, vocab size and seed from this recipe",
+    )
+    parser.add_argument(
+        "--override", action="append", default=[], help="a Hydra override of --recipe (repeatable)"
+    )
     parser.add_argument("--lr", type=float, default=RECIPE_DEFAULTS["lr"])
     parser.add_argument("--warmup-ratio", type=float, default=RECIPE_DEFAULTS["warmup_ratio"])
     parser.add_argument("--micro-batch-size", type=int, default=RECIPE_DEFAULTS["micro_batch_size"])
@@ -590,6 +628,11 @@ def main(argv: list[str] | None = None) -> int:
         "--vllm-prompts", type=int, default=0, help="serve the export in vLLM on N held-out prompts"
     )
     args = parser.parse_args(argv)
+    if args.recipe:
+        for key, value in recipe_settings(args.recipe, args.override, args.data).items():
+            setattr(args, key, value)
+    if not args.steps:
+        parser.error("give --steps or --recipe")
     report = train_peer(
         args.data,
         args.out,
