@@ -21,7 +21,8 @@ The peer's data layout (its ``train/data.py`` ArrowDataset and ``hs_connectors``
     targets, so the 4 slots are our 3 aux layers (residual stream entering ``aux_layer_ids``, vLLM's convention,
     the one vLLM's capture gives the peer) in manifest order, then our last hidden state BEFORE the final norm.
     bf16-stored features are written in bf16 (exact); fp8-stored ones are written dequantised in float32.
-  * the loss mask carries over unchanged, so the peer trains on exactly our assistant tokens.
+  * the loss mask carries over unchanged, so the peer trains on exactly the tokens ours does (with our
+    ``train.loss_positions: all``, an all-ones mask on the train rows; held-out rows keep the assistant mask).
 
 Matched: data (tokens, features, loss mask, train/held-out split), draft vocabulary (our d2t/t2d, passed as the
 peer's ``--d2t-path/--t2d-path``: same size and mapping), draft shape (1 llama decoder layer, hidden/heads from
@@ -151,9 +152,15 @@ def draft_vocab_for(data_dir: Path, draft_vocab_size: int, vocab_file: Path | No
     return build_draft_vocab(counts, draft_vocab_size, provenance={"token_counts": provenance})
 
 
-def convert_data(data_dir: Path, peer_data: Path) -> dict[str, Any]:
-    """Write the peer's data files for ``data_dir`` (skips samples already written; a finished conversion is reused)."""
-    fingerprint = source_fingerprint(data_dir)
+def convert_data(data_dir: Path, peer_data: Path, loss_positions: str = "assistant") -> dict[str, Any]:
+    """Write the peer's data files for ``data_dir`` (skips samples already written; a finished conversion is reused).
+
+    ``loss_positions`` is our ``train.loss_positions``: ``all`` writes an all-ones loss mask for the TRAIN rows (our
+    trainer then trains on every token), while held-out rows keep the stored assistant mask (validation counts
+    assistant tokens only, as ours does)."""
+    if loss_positions not in ("assistant", "all"):
+        raise ValueError(f"loss_positions must be 'assistant' or 'all', got {loss_positions!r}")
+    fingerprint = {**source_fingerprint(data_dir), "loss_positions": loss_positions}
     done = peer_data / CONVERSION_NAME
     if done.exists():
         record = json.loads(done.read_text())
@@ -185,6 +192,8 @@ def convert_data(data_dir: Path, peer_data: Path) -> dict[str, Any]:
             else:
                 write_atomic_safetensors(peer_sample(sample, storage), target)
             ids, mask = sample["input_ids"], sample["loss_mask"]
+            if split == "train" and loss_positions == "all":
+                mask = torch.ones_like(mask)
             rows["input_ids"].append(ids.to(torch.long).tolist())
             rows["loss_mask"].append(mask.to(torch.long).tolist())
             rows["seq_len"].append(int(ids.shape[0]))
@@ -443,6 +452,7 @@ def train_peer(
     step_weight_decay: float = RECIPE_DEFAULTS["step_weight_decay"],
     draft_vocab_size: int = RECIPE_DEFAULTS["draft_vocab_size"],
     draft_vocab_file: Path | None = None,
+    loss_positions: str = "assistant",
     verifier: str | None = None,
     tokens_per_step: int | None = None,
     seed: int = 0,
@@ -459,7 +469,7 @@ def train_peer(
     peer_data, run_dir = out / "peer_data", out / "peer_run"
     start = time.perf_counter()
     vocab = draft_vocab_for(data_dir, draft_vocab_size, draft_vocab_file)
-    conversion = convert_data(data_dir, peer_data)
+    conversion = convert_data(data_dir, peer_data, loss_positions)
     save_vocab_npy(vocab, peer_data)  # every run: the vocabulary is a setting, not part of the converted data
     convert_seconds = time.perf_counter() - start
     verifier = verifier or resolve_verifier(conversion["verifier"])
@@ -501,6 +511,7 @@ def train_peer(
         "samples_trained": launch["samples_trained"],
         "samples_per_step_mean": launch["samples_per_step_mean"],
         "our_samples_per_step": samples_per_step,
+        "loss_positions": loss_positions,
         "tokens_per_step_budget": total_seq_len,
         "tokens_trained": launch["tokens_trained"],
         "threads": threads,
@@ -585,6 +596,7 @@ def recipe_settings(recipe: str, overrides: list[str], data_dir: Path) -> dict[s
         "ttt_steps": int(train.ttt_steps),
         "step_weight_decay": float(train.step_weight_decay),
         "draft_vocab_size": int(cfg.model.draft_vocab_size),
+        "loss_positions": str(train.loss_positions),
         "seed": int(cfg.seed),
     }
 
@@ -619,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tokens-per-step", type=int, help="the peer's --total-seq-len (default: see docstring)"
     )
+    parser.add_argument("--loss-positions", choices=["assistant", "all"], default="assistant")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
@@ -645,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         step_weight_decay=args.step_weight_decay,
         draft_vocab_size=args.draft_vocab_size,
         draft_vocab_file=args.draft_vocab_file,
+        loss_positions=args.loss_positions,
         verifier=args.verifier,
         tokens_per_step=args.tokens_per_step,
         seed=args.seed,
