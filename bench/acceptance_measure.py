@@ -2,8 +2,8 @@
 engine at T = 0.7. Orchestration (stages, summary, JSON) is in ``bench/acceptance_bench.py``.
 
 Speed is measured cleanly (issue 14): this phase runs with nothing else of the bench alive, every timed run records
-the CPU that other processes used meanwhile (``machine_load.LoadWindow``), and plain decoding is measured again
-after every drafter, so drift and contention show in the figures instead of hiding in them.
+the CPU that other processes used meanwhile (``machine_load.LoadWindow``), and plain decoding is measured at the
+start, middle and end of the sweep, so drift and contention show in the figures instead of hiding in them.
 
 - **batched**: all held-out prompts in one ``generate`` call (vLLM schedules them together); the acceptance length
   comes from this run (vLLM's counters; AL does not depend on batching at T = 0).
@@ -111,7 +111,8 @@ def measure_config(session: Any, setup: DecodeSetup, drafter: str, spec: dict | 
 
 
 def drafter_sweep(setup: DecodeSetup, drafts: dict[str, Path], ks: list[int]) -> dict[str, dict]:
-    """Plain, then each drafter at every k, with plain measured again after each drafter (interleaved)."""
+    """Plain, then each drafter at every k; plain is measured again after the learnt drafts and before n-gram (in
+    its own worker), so drift over the sweep shows in the three plain figures."""
     from speculators.serving import VllmError, VllmSession
 
     out: dict[str, dict] = {}
@@ -134,7 +135,7 @@ def drafter_sweep(setup: DecodeSetup, drafts: dict[str, Path], ks: list[int]) ->
                         out[f"{drafter}/k{k}"] = measure_config(session, setup, drafter, spec, f"k{k}")
                     except VllmError as error:  # one failing run must not lose the others
                         out[f"{drafter}/k{k}"] = {"error": str(error)[-500:]}
-                if drafter != "ngram":
+                if index == len(drafts) - 1:  # after the last learnt draft: plain at start, middle and end
                     plain_runs.append(
                         _safe(measure_config, session, setup, "plain", None, f"after_{drafter}")
                     )
