@@ -26,27 +26,47 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _interpolate(knots: list[tuple[int, float]], step: int) -> float:
+    """Piecewise-linear value at ``step`` through ``knots`` (step, value), from (0, 0); past the last, the last."""
+    previous = (0, 0.0)
+    for knot in knots:
+        if knot[0] >= step:
+            span = knot[0] - previous[0]
+            return previous[1] + (knot[1] - previous[1]) * ((step - previous[0]) / span if span else 1.0)
+        previous = knot
+    return previous[1]
+
+
 def curve_points(
     records: list[dict[str, Any]], vllm_al: dict[int, float | None], capture_cpu_s: float
 ) -> list:
-    """One point per evaluated step: tokens seen, CPU-hours, simulated AL and (where measured) vLLM AL."""
-    tokens, cpu, points = 0.0, 0.0, []
+    """One point per evaluated step: tokens seen, CPU-hours, simulated AL and (where measured) vLLM AL.
+
+    Train records come every ``logging.log_every`` steps with the tokens since the last one and the process CPU so
+    far; an evaluation between two of them gets both by linear interpolation."""
+    tokens_at, cpu_at, total = [], [], 0.0
     for record in records:
         if record.get("kind") == "train":
-            tokens += float(record.get("tokens", 0.0))
-            cpu = float(record.get("process_cpu_s", cpu))
-        elif record.get("kind") == "eval":
-            step = int(record["step"])
-            points.append(
-                {
-                    "step": step,
-                    "training_tokens": int(tokens),
-                    "train_cpu_s": round(cpu, 1),
-                    "cpu_hours": round((capture_cpu_s + cpu) / 3600, 4),
-                    "simulated_al": record.get("eval/acceptance_length"),
-                    "vllm_al_k3": vllm_al.get(step),
-                }
-            )
+            total += float(record.get("tokens", 0.0))
+            tokens_at.append((int(record["step"]), total))
+            if record.get("process_cpu_s") is not None:
+                cpu_at.append((int(record["step"]), float(record["process_cpu_s"])))
+    points = []
+    for record in records:
+        if record.get("kind") != "eval":
+            continue
+        step = int(record["step"])
+        cpu = _interpolate(cpu_at, step)
+        points.append(
+            {
+                "step": step,
+                "training_tokens": int(_interpolate(tokens_at, step)),
+                "train_cpu_s": round(cpu, 1),
+                "cpu_hours": round((capture_cpu_s + cpu) / 3600, 4),
+                "simulated_al": record.get("eval/acceptance_length"),
+                "vllm_al_k3": vllm_al.get(step),
+            }
+        )
     return points
 
 

@@ -12,7 +12,9 @@ import pytest
 from bench.learning_curve import curve_points, log_fit, tokens_for, write_curve
 
 
-def _records(al_at_step: dict[int, float], tokens_per_step: int = 1000, cpu_per_step: float = 2.0) -> list[dict]:
+def _records(
+    al_at_step: dict[int, float], tokens_per_step: int = 1000, cpu_per_step: float = 2.0
+) -> list[dict]:
     records = []
     for step in range(1, max(al_at_step) + 1):
         records.append(
@@ -54,3 +56,16 @@ def test_write_curve_writes_json_and_plot(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["points"] == result["points"]
     assert out.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
     assert result["log_fit"]["series"] == "simulated_al"  # fewer than three vLLM points
+
+
+def test_evaluations_between_sparse_train_logs_are_interpolated() -> None:
+    # train records every 10 steps (logging.log_every), evaluations every 4: tokens and CPU in between are linear
+    records = [
+        {"kind": "train", "step": 10, "tokens": 1000, "process_cpu_s": 20.0},
+        {"kind": "eval", "step": 4, "eval/acceptance_length": 1.1},
+        {"kind": "train", "step": 20, "tokens": 1000, "process_cpu_s": 40.0},
+        {"kind": "eval", "step": 15, "eval/acceptance_length": 1.2},
+    ]
+    points = curve_points(records, {}, 0.0)
+    assert [p["training_tokens"] for p in points] == [400, 1500]
+    assert [p["train_cpu_s"] for p in points] == [8.0, 30.0]
