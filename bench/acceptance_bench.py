@@ -364,7 +364,8 @@ def main() -> None:
         GOAL_EAGLE3_AL_K3,
         {"title": f"EAGLE-3, {EAGLE}: held-out AL vs training tokens", "recipe": EAGLE},
     )
-    summary["curve"] = {"points": len(curve["points"]), "file": str(out.with_name(out.stem + "_curve.json"))}
+    curve_file = out.with_name(out.stem + "_curve.json").relative_to(REPO)
+    summary["curve"] = {"points": len(curve["points"]), "file": str(curve_file)}
     result = {
         "mode": "quick" if args.quick else "full",
         "machine": {
