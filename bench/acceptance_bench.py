@@ -37,6 +37,8 @@ from typing import Any
 import acceptance_measure as measure
 import learning_curve
 
+from speculators.atomic import atomic_write_json
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 EAGLE, HASS = "eagle3_smollm2_large", "hass_smollm2_large"
@@ -177,10 +179,7 @@ def run_stage(name: str, command: list[str], output: Path, logs: Path) -> dict[s
         "wall_s": round(wall, 1),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
     }
-    output.mkdir(parents=True, exist_ok=True)
-    tmp = done.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.rename(done)
+    atomic_write_json(done, record)
     print(f"[bench] {name}: done in {wall:.0f} s ({record['cpu_s']:.0f} CPU-s)", flush=True)
     return {**record, "skipped": False}
 
@@ -356,16 +355,16 @@ def main() -> None:
         d: engine[f"{d}/k3"]["acceptance_length_global"] for d in drafts
     }
     out = REPO / (args.out or cfg["out"])
+    curve_file = out.with_name(out.stem + "_curve.json")
     curve = learning_curve.write_curve(
         root / EAGLE,
         vllm_curve,
         float(stage_records["data_gen"].get("cpu_s") or 0.0),
-        out.with_name(out.stem + "_curve.json"),
+        curve_file,
         GOAL_EAGLE3_AL_K3,
         {"title": f"EAGLE-3, {EAGLE}: held-out AL vs training tokens", "recipe": EAGLE},
     )
-    curve_file = out.with_name(out.stem + "_curve.json").relative_to(REPO)
-    summary["curve"] = {"points": len(curve["points"]), "file": str(curve_file)}
+    summary["curve"] = {"points": len(curve["points"]), "file": str(curve_file.relative_to(REPO))}
     result = {
         "mode": "quick" if args.quick else "full",
         "machine": {
@@ -400,10 +399,7 @@ def main() -> None:
         "summary.contended_runs lists any where other processes used > 10 % of a core. Stage wall times of "
         "skipped stages are those of the run that produced them; cpu_s is each stage's own CPU.",
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.rename(out)
+    atomic_write_json(out, result)
     print(json.dumps(summary, indent=1))
     print(f"[bench] wrote {out} ({result['total_wall_s']:.0f} s)")
 

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from speculators.atomic import atomic_write_json
+from speculators.atomic import atomic_write_json, fsync_replace, temp_sibling
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -116,10 +116,13 @@ def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
     axis.set_title(title, fontsize=9)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    figure.savefig(tmp, bbox_inches="tight")
-    plt.close(figure)
-    tmp.replace(path)
+    tmp = temp_sibling(path)
+    try:
+        figure.savefig(tmp, format=path.suffix.lstrip("."), bbox_inches="tight")
+        fsync_replace(tmp, path)
+    finally:
+        plt.close(figure)
+        tmp.unlink(missing_ok=True)
 
 
 def write_curve(

@@ -63,17 +63,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from data_gen.store import FeatureDataset, read_manifest, read_token_counts
+from speculators.atomic import atomic_write_json, fsync_replace, temp_sibling
+from speculators.format.checkpoint import atomic_directory
+from speculators.format.validate import errors, validate_checkpoint
+from speculators.serving.speculators_package import speculators_package_python
+from speculators.vocab import DraftVocab, build_draft_vocab
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from data_gen.store import FeatureDataset, read_manifest, read_token_counts  # noqa: E402
-from speculators.atomic import atomic_write_json, fsync_replace, temp_sibling  # noqa: E402
-from speculators.format.checkpoint import atomic_directory  # noqa: E402
-from speculators.format.validate import errors, validate_checkpoint  # noqa: E402
-from speculators.serving.speculators_package import speculators_package_python  # noqa: E402
-from speculators.vocab import DraftVocab, build_draft_vocab  # noqa: E402
-
 LAUNCHER = REPO / "bench" / "peer_launch.py"
 CONVERSION_NAME = "conversion.json"
 SOURCE_NAME = "source.json"
