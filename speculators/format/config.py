@@ -11,7 +11,7 @@ import copy
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from speculators import __version__
 from speculators.format.checkpoint import read_config
@@ -83,27 +83,18 @@ def rope_settings(verifier_config: dict[str, Any]) -> dict[str, Any]:
     return {"rope_theta": theta if theta is not None else 10000.0, "rope_scaling": scaling}
 
 
-@dataclass
-class Eagle3Config:
-    """config.json of an EAGLE-3 draft in the speculators format.
+class DraftConfig:
+    """What every draft type's config shares: the derived views of ``transformer_layer_config`` and the
+    serialisation to and from ``config.json``. A subclass is a dataclass that names its type in
+    ``SPECULATORS_MODEL_TYPE`` / ``ARCHITECTURE`` and declares its own top-level keys as fields."""
 
-    ``transformer_layer_config`` is a plain HF decoder-layer config dict (``model_type`` llama or qwen3) whose
-    ``vocab_size`` is the VERIFIER's vocabulary; ``draft_vocab_size`` is the size of the draft's lm_head.
-    """
-
+    SPECULATORS_MODEL_TYPE: ClassVar[str] = ""
+    ARCHITECTURE: ClassVar[str] = ""
     transformer_layer_config: dict[str, Any]
     speculators_config: SpeculatorsConfig
-    draft_vocab_size: int
-    eagle_aux_hidden_state_layer_ids: list[int]
-    norm_before_residual: bool = True
-    target_hidden_size: int | None = None
-    norm_before_fc: bool = False
-    fc_norm: bool = False
-    norm_output: bool = False
-    torch_dtype: str = "bfloat16"
-    speculators_version: str = __version__
-    # Keys we do not model (newer optional flags, producer metadata) survive a load/save round trip untouched.
-    extra: dict[str, Any] = field(default_factory=dict)
+    target_hidden_size: int | None
+    speculators_version: str
+    extra: dict[str, Any]
 
     # ---- derived views -------------------------------------------------------------------------------------
     @property
@@ -131,6 +122,79 @@ class Eagle3Config:
     def verifier_hidden_size(self) -> int:
         return int(self.target_hidden_size or self.hidden_size)
 
+    # ---- serialisation -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "architectures": [self.ARCHITECTURE],
+            "speculators_model_type": self.SPECULATORS_MODEL_TYPE,
+            "speculators_version": self.speculators_version,
+            "speculators_config": asdict(self.speculators_config),
+        }
+        for f in fields(self):
+            if f.name in ("speculators_config", "extra", "speculators_version"):
+                continue
+            out[f.name] = copy.deepcopy(getattr(self, f.name))
+        for key, value in self.extra.items():
+            out.setdefault(key, value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        """Parse a config dict; raises ``ValueError`` naming the missing key (run the validator for all findings)."""
+        data = copy.deepcopy(data)
+        try:
+            spec = data.pop("speculators_config")
+            verifier = VerifierRef(**spec["verifier"])
+            methods = [ProposalMethod(**m) for m in spec["proposal_methods"]]
+            speculators_config = SpeculatorsConfig(
+                verifier=verifier,
+                algorithm=spec.get("algorithm", cls.SPECULATORS_MODEL_TYPE),
+                proposal_methods=methods,
+                default_proposal_method=spec.get("default_proposal_method", methods[0].proposal_type),
+            )
+            known = {f.name for f in fields(cls)} - {"speculators_config", "extra"}
+            kwargs = {k: data.pop(k) for k in list(data) if k in known}
+            for key in ("architectures", "speculators_model_type"):
+                data.pop(key, None)
+            return cls(speculators_config=speculators_config, extra=data, **kwargs)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(
+                f"not a valid speculators {cls.SPECULATORS_MODEL_TYPE} config: {exc!r}; run `speculators validate`"
+            ) from exc
+
+    def save(self, directory: str | Path) -> None:
+        path = Path(directory) / "config.json"
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Any:
+        return cls.from_dict(read_config(directory))
+
+
+@dataclass
+class Eagle3Config(DraftConfig):
+    """config.json of an EAGLE-3 draft in the speculators format.
+
+    ``transformer_layer_config`` is a plain HF decoder-layer config dict (``model_type`` llama or qwen3) whose
+    ``vocab_size`` is the VERIFIER's vocabulary; ``draft_vocab_size`` is the size of the draft's lm_head.
+    """
+
+    SPECULATORS_MODEL_TYPE: ClassVar[str] = "eagle3"
+    ARCHITECTURE: ClassVar[str] = DRAFT_ARCHITECTURE
+    transformer_layer_config: dict[str, Any]
+    speculators_config: SpeculatorsConfig
+    draft_vocab_size: int
+    eagle_aux_hidden_state_layer_ids: list[int]
+    norm_before_residual: bool = True
+    target_hidden_size: int | None = None
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    torch_dtype: str = "bfloat16"
+    speculators_version: str = __version__
+    # Keys we do not model (newer optional flags, producer metadata) survive a load/save round trip untouched.
+    extra: dict[str, Any] = field(default_factory=dict)
+
     # ---- construction --------------------------------------------------------------------------------------
     @classmethod
     def from_verifier(
@@ -154,20 +218,7 @@ class Eagle3Config:
             aux_layer_ids = default_aux_layer_ids(num_verifier_layers)
         verifier_type = verifier_config.get("model_type", "llama")
         layer_type = layer_type or ("qwen3" if verifier_type.startswith("qwen3") else "llama")
-        if layer_type not in SUPPORTED_LAYER_TYPES:
-            raise ValueError(
-                f"draft layer type {layer_type!r} is not servable; use one of {SUPPORTED_LAYER_TYPES}"
-            )
-        layer = {
-            k: verifier_config[k] for k in LAYER_KEYS_FROM_VERIFIER if verifier_config.get(k) is not None
-        }
-        layer.update(rope_settings(verifier_config))
-        layer.setdefault("head_dim", layer["hidden_size"] // layer["num_attention_heads"])
-        layer.setdefault("num_key_value_heads", layer["num_attention_heads"])
-        layer.setdefault("hidden_act", "silu")
-        layer.setdefault("attention_bias", False)
-        layer.update(model_type=layer_type, num_hidden_layers=num_layers, tie_word_embeddings=False)
-        vocab = int(layer["vocab_size"])
+        layer = draft_layer_config(verifier_config, layer_type, num_layers)
         architectures = list(verifier_config.get("architectures") or ["LlamaForCausalLM"])
         return cls(
             transformer_layer_config=layer,
@@ -175,59 +226,28 @@ class Eagle3Config:
                 verifier=VerifierRef(name_or_path=str(name_or_path), architectures=architectures),
                 proposal_methods=[ProposalMethod(speculative_tokens=speculative_tokens)],
             ),
-            draft_vocab_size=int(draft_vocab_size or vocab),
+            draft_vocab_size=int(draft_vocab_size or layer["vocab_size"]),
             eagle_aux_hidden_state_layer_ids=[int(i) for i in aux_layer_ids],
             norm_before_residual=norm_before_residual,
             torch_dtype=torch_dtype,
         )
 
-    # ---- serialisation -------------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "architectures": [DRAFT_ARCHITECTURE],
-            "speculators_model_type": "eagle3",
-            "speculators_version": self.speculators_version,
-            "speculators_config": asdict(self.speculators_config),
-        }
-        for f in fields(self):
-            if f.name in ("speculators_config", "extra", "speculators_version"):
-                continue
-            out[f.name] = copy.deepcopy(getattr(self, f.name))
-        for key, value in self.extra.items():
-            out.setdefault(key, value)
-        return out
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Eagle3Config:
-        """Parse a config dict; raises ``ValueError`` naming the missing key (run the validator for all findings)."""
-        data = copy.deepcopy(data)
-        try:
-            spec = data.pop("speculators_config")
-            verifier = VerifierRef(**spec["verifier"])
-            methods = [ProposalMethod(**m) for m in spec["proposal_methods"]]
-            speculators_config = SpeculatorsConfig(
-                verifier=verifier,
-                algorithm=spec.get("algorithm", "eagle3"),
-                proposal_methods=methods,
-                default_proposal_method=spec.get("default_proposal_method", methods[0].proposal_type),
-            )
-            known = {f.name for f in fields(cls)} - {"speculators_config", "extra"}
-            kwargs = {k: data.pop(k) for k in list(data) if k in known}
-            for key in ("architectures", "speculators_model_type"):
-                data.pop(key, None)
-            return cls(speculators_config=speculators_config, extra=data, **kwargs)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(
-                f"not a valid speculators EAGLE-3 config: {exc!r}; run `speculators validate`"
-            ) from exc
-
-    def save(self, directory: str | Path) -> None:
-        path = Path(directory) / "config.json"
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
-
-    @classmethod
-    def load(cls, directory: str | Path) -> Eagle3Config:
-        return cls.from_dict(read_config(directory))
+def draft_layer_config(verifier_config: dict[str, Any], layer_type: str, num_layers: int) -> dict[str, Any]:
+    """``transformer_layer_config`` for a draft of ``num_layers`` layers: shape, heads and rope copied from the
+    verifier's HF config dict, so positions are encoded as the verifier encodes them (every draft type uses it)."""
+    if layer_type not in SUPPORTED_LAYER_TYPES:
+        raise ValueError(
+            f"draft layer type {layer_type!r} is not servable; use one of {SUPPORTED_LAYER_TYPES}"
+        )
+    layer = {k: verifier_config[k] for k in LAYER_KEYS_FROM_VERIFIER if verifier_config.get(k) is not None}
+    layer.update(rope_settings(verifier_config))
+    layer.setdefault("head_dim", layer["hidden_size"] // layer["num_attention_heads"])
+    layer.setdefault("num_key_value_heads", layer["num_attention_heads"])
+    layer.setdefault("hidden_act", "silu")
+    layer.setdefault("attention_bias", False)
+    layer.update(model_type=layer_type, num_hidden_layers=num_layers, tie_word_embeddings=False)
+    return layer
 
 
 def default_aux_layer_ids(num_verifier_layers: int) -> list[int]:

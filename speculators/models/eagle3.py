@@ -16,73 +16,15 @@ the decoding engine (KV cache, tree masks) and plain causal use.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import (
-    LlamaMLP,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-)
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from speculators.format.checkpoint import load_checkpoint, save_checkpoint
 from speculators.format.config import Eagle3Config
-
-# attend(layer_idx, q, k, v) -> attention output; q: [B, heads, T, D], k/v: [B, kv_heads, T, D] (rope applied).
-AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-# The original EAGLE-3 layout names layer 0 `midlayer`; vLLM accepts it as an alias.
-LEGACY_PREFIXES = {"midlayer.": "layers.0."}
-
-
-def causal_attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Plain causal self-attention over the given positions (no cache)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
-
-
-def hf_layer_config(config: Eagle3Config) -> LlamaConfig:
-    """The layer settings as a transformers ``LlamaConfig`` (rope parsed exactly as the verifier's was).
-
-    Qwen3 layers differ from Llama's only by the per-head q/k norms, which ``Eagle3Attention`` adds itself, so one
-    config class serves both.
-    """
-    layer = {k: v for k, v in config.transformer_layer_config.items() if k != "model_type"}
-    return LlamaConfig(**layer)
-
-
-class Eagle3Attention(nn.Module):
-    """Multi-head attention whose q/k/v read ``in_features`` (2H in layer 0); Qwen3 adds per-head q/k RMSNorm."""
-
-    def __init__(self, cfg: LlamaConfig, in_features: int, qk_norm: bool) -> None:
-        super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        bias = bool(getattr(cfg, "attention_bias", False))
-        self.q_proj = nn.Linear(in_features, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(in_features, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(in_features, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
-        self.q_norm = LlamaRMSNorm(self.head_dim, eps=cfg.rms_norm_eps) if qk_norm else None
-        self.k_norm = LlamaRMSNorm(self.head_dim, eps=cfg.rms_norm_eps) if qk_norm else None
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Callable[..., torch.Tensor]
-    ) -> torch.Tensor:
-        batch, length, _ = x.shape
-        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        out = attend(q, k, v)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+from speculators.models.draft import DraftModel
+from speculators.models.layers import AttendFn, DraftAttention, bind_layer, causal_attend, hf_layer_config
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -93,7 +35,7 @@ class Eagle3DecoderLayer(nn.Module):
         hidden = cfg.hidden_size
         self.layer_idx = layer_idx
         self.norm_before_residual = norm_before_residual
-        self.self_attn = Eagle3Attention(cfg, 2 * hidden if layer_idx == 0 else hidden, qk_norm)
+        self.self_attn = DraftAttention(cfg, 2 * hidden if layer_idx == 0 else hidden, qk_norm)
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = LlamaRMSNorm(hidden, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(hidden, eps=cfg.rms_norm_eps)
@@ -120,8 +62,10 @@ class Eagle3DecoderLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(residual)), residual
 
 
-class Eagle3DraftModel(nn.Module):
+class Eagle3DraftModel(DraftModel):
     """An EAGLE-3 draft whose parameter names are exactly the checkpoint's (unprefixed)."""
+
+    config_class = Eagle3Config
 
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__()
@@ -153,10 +97,7 @@ class Eagle3DraftModel(nn.Module):
         self.norm = LlamaRMSNorm(hidden, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(cfg)
-        # d2t holds OFFSETS: target_id = draft_id + d2t[draft_id]; t2d marks verifier ids kept in the draft vocab.
-        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(vocab, dtype=torch.bool))
-        self.t2d[: config.draft_vocab_size] = True
+        self.register_vocab(config.draft_vocab_size, vocab)
 
     # ---- the forward pieces --------------------------------------------------------------------------------
     def project_features(self, aux_hidden: torch.Tensor) -> torch.Tensor:
@@ -184,81 +125,8 @@ class Eagle3DraftModel(nn.Module):
         cos, sin = self.rotary_emb(embeds, position_ids)
         residual = None
         for layer in self.layers:
-            layer_attend = _bind_layer(attend, layer.layer_idx)
+            layer_attend = bind_layer(attend, layer.layer_idx)
             hidden, residual = layer(embeds, hidden, residual, cos, sin, layer_attend)
         prenorm = hidden + residual
         normed = self.norm(prenorm)
         return self.lm_head(normed), (normed if self.config.norm_output else prenorm)
-
-    # ---- vocabulary ----------------------------------------------------------------------------------------
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Map draft-vocabulary ids to verifier ids through the d2t offsets."""
-        return draft_ids + self.d2t[draft_ids]
-
-    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        self.d2t.copy_(d2t.to(torch.long))
-        self.t2d.copy_(t2d.to(torch.bool))
-
-    def expand_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        """Draft-vocab logits → verifier-vocab logits (``-inf`` outside the draft vocabulary), as vLLM does."""
-        full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        full[
-            ..., self.draft_to_target(torch.arange(self.config.draft_vocab_size, device=draft_logits.device))
-        ] = draft_logits
-        return full
-
-    # ---- checkpoint I/O ------------------------------------------------------------------------------------
-    def export_state_dict(self, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-        """Tensors under the standard names: float weights in ``dtype``, d2t int64, t2d bool, embed_tokens always."""
-        tensors = {}
-        for name, tensor in self.state_dict().items():
-            if name in ("d2t", "t2d"):
-                continue
-            tensors[name] = tensor.detach().to(dtype).contiguous()
-        if self.config.draft_vocab_size != self.config.vocab_size:
-            tensors["d2t"] = self.d2t.detach().to(torch.long).clone()
-            tensors["t2d"] = self.t2d.detach().to(torch.bool).clone()
-        return tensors
-
-    def save_pretrained(
-        self, directory: str | Path, dtype: torch.dtype = torch.bfloat16, extra_files: dict | None = None
-    ) -> Path:
-        """Write a standard speculators checkpoint (atomically)."""
-        self.config.torch_dtype = str(dtype).removeprefix("torch.")
-        return save_checkpoint(directory, self.config.to_dict(), self.export_state_dict(dtype), extra_files)
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32) -> Eagle3DraftModel:
-        """Load a speculators checkpoint (``midlayer.`` names accepted as vLLM does)."""
-        config_dict, tensors = load_checkpoint(directory)
-        model = cls(Eagle3Config.from_dict(config_dict))
-        model.load_standard_tensors(tensors, source=str(directory))
-        return model.to(dtype)
-
-    def load_standard_tensors(self, tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        renamed = {}
-        for name, tensor in tensors.items():
-            for old, new in LEGACY_PREFIXES.items():
-                if name.startswith(old):
-                    name = new + name[len(old) :]
-            renamed[name] = tensor
-        expected = set(self.state_dict())
-        if self.config.draft_vocab_size == self.config.vocab_size:
-            renamed.setdefault("d2t", torch.zeros(self.config.draft_vocab_size, dtype=torch.long))
-            renamed.setdefault("t2d", torch.ones(self.config.vocab_size, dtype=torch.bool))
-        missing = sorted(expected - set(renamed))
-        unexpected = sorted(set(renamed) - expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"{source}: tensors do not match the config (missing {missing}, unexpected {unexpected}); "
-                "run `speculators validate` for details"
-            )
-        own = self.state_dict()
-        self.load_state_dict({k: v.to(own[k].dtype) for k, v in renamed.items()})
-
-
-def _bind_layer(attend: AttendFn, layer_idx: int) -> Callable[..., torch.Tensor]:
-    def bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attend(layer_idx, q, k, v)
-
-    return bound
