@@ -1,0 +1,107 @@
+"""Drafting algorithms as declared units, keyed by ``speculators_model_type``.
+
+An algorithm declares, in one module of this package (``eagle3.py``, ``dflash.py``, ...):
+
+* its config class (``config.json``) and model class (one module serving training, decoding and export);
+* how the engine drafts with it: ``sequential`` (k forwards for k tokens, EAGLE-3) or ``block`` (one forward);
+* its export spec: the aux-layer ids it reads, the speculative tokens it serves, the tensors it must hold and the
+  validator rules of its own keys, and how vLLM is told to run it.
+
+The trainer (``train/objectives``), the exporter, the validator and the engine look the unit up here and call it;
+none of them branches on the algorithm's name. A new algorithm is a new module in this package: every module here
+is imported and registers itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One drafting algorithm (see the module docstring)."""
+
+    name: str  # speculators_model_type
+    config_class: type
+    model_class: type
+    drafting: str  # "sequential" or "block"
+    aux_layer_key: (
+        str  # the config key holding the aux-layer ids (vLLM convention: residual entering layer k)
+    )
+    config_rules: Callable[[dict[str, Any]], Iterator[str]]  # errors in this type's own keys
+    expected_shapes: Callable[
+        [dict[str, Any]], dict[str, tuple[int, ...]]
+    ]  # every tensor the checkpoint holds
+    vllm_method: str  # the speculative method vLLM runs it under
+    # what vLLM needs besides method/model/num_speculative_tokens to run it as trained (e.g. parallel drafting)
+    vllm_extra: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: {}
+
+    def aux_layer_ids(self, config: Any) -> list[int]:
+        """The aux-layer ids of a config object or dict."""
+        data = config if isinstance(config, dict) else config.to_dict()
+        return [int(i) for i in data.get(self.aux_layer_key) or []]
+
+    def load(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> Any:
+        return self.model_class.from_pretrained(directory, dtype=dtype)
+
+    def vllm_speculative_config(
+        self, draft_dir: str | Path, config: dict[str, Any], k: int
+    ) -> dict[str, Any]:
+        """``speculative_config`` for vLLM with ``k`` draft tokens per step."""
+        spec = {"method": self.vllm_method, "model": str(draft_dir), "num_speculative_tokens": int(k)}
+        spec.update(self.vllm_extra(config))
+        return spec
+
+
+_REGISTRY: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    if algorithm.name in _REGISTRY:
+        raise ValueError(f"algorithm {algorithm.name!r} is registered twice")
+    _REGISTRY[algorithm.name] = algorithm
+    return algorithm
+
+
+def _load_all() -> None:
+    if _REGISTRY:
+        return
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+def names() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Algorithm:
+    """The algorithm of a ``speculators_model_type``; a clear error for an unknown one."""
+    _load_all()
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"speculators_model_type {name!r} is not one this project trains or reads: one of {names()}"
+        )
+    return _REGISTRY[name]
+
+
+def of_config(config: dict[str, Any]) -> Algorithm:
+    """The algorithm a ``config.json`` dict declares (eagle3 when the key is absent, as older exports were)."""
+    return get(str(config.get("speculators_model_type") or "eagle3"))
+
+
+def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32) -> Any:
+    """Any speculators checkpoint directory → its draft model."""
+    from speculators.format.checkpoint import read_config
+
+    return of_config(read_config(directory)).load(directory, dtype)
+
+
+__all__ = ["Algorithm", "get", "load_draft", "names", "of_config", "register"]

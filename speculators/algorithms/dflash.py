@@ -1,0 +1,106 @@
+"""DFlash: a block drafter; one forward proposes ``block_size - 1`` tokens (speculators.models.dflash)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from speculators.algorithms import Algorithm, register
+from speculators.format.dflash_config import SLIDING, DFlashConfig
+from speculators.models.dflash import DFlashDraftModel
+
+
+def block_config_rules(config: dict[str, Any]) -> Iterator[str]:
+    """Errors in the keys every block drafter (DFlash, DSpark) shares, each saying what a consumer would do."""
+    layer = config.get("transformer_layer_config") or {}
+    vocab = layer.get("vocab_size")
+    block = config.get("block_size")
+    if not isinstance(block, int) or block < 2:
+        yield f"block_size {block!r} must be an integer >= 2 (the anchor slot and at least one draft slot)"
+    mask = config.get("mask_token_id")
+    if not isinstance(mask, int):
+        yield "mask_token_id is missing: vLLM needs it to fill the block's draft slots"
+    elif isinstance(vocab, int) and not 0 <= mask < vocab:
+        yield f"mask_token_id {mask} is outside the verifier vocabulary [0, {vocab})"
+    ids = config.get("aux_hidden_state_layer_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        yield "aux_hidden_state_layer_ids must be a non-empty list of integers (vLLM requires it for this type)"
+    elif min(ids) < 1 or ids != sorted(set(ids)):
+        yield (
+            f"aux_hidden_state_layer_ids {ids} must be distinct, ascending and >= 1: vLLM captures the residual "
+            "entering layer k and gives the model target_layer_ids = k - 1"
+        )
+    if layer.get("model_type") != "qwen3":
+        yield "transformer_layer_config.model_type must be 'qwen3': vLLM builds block drafters as Qwen3 layers"
+    types = layer.get("layer_types") or []
+    sliding = sum(t == SLIDING for t in types)
+    non_causal = config.get("sliding_window_non_causal")
+    if 0 < sliding < len(types):
+        yield "layer_types mixes sliding and full attention: vLLM's V1 runner (the CPU one) refuses such drafts"
+    elif sliding and non_causal:
+        yield "sliding layers with sliding_window_non_causal true: vLLM and speculators would mask the block alike only if full layers are used"
+    elif not sliding and not non_causal:
+        yield (
+            "full-attention layers with sliding_window_non_causal false: vLLM would run the block causally but "
+            "speculators bidirectionally; set it true (bidirectional) or make every layer sliding (causal)"
+        )
+    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    tokens = methods[0].get("speculative_tokens")
+    if isinstance(block, int) and isinstance(tokens, int):
+        most = block if config.get("sample_from_anchor") else block - 1
+        if not 1 <= tokens <= most:
+            yield f"speculative_tokens {tokens} must be in [1, {most}] for block_size {block}"
+
+
+def block_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor a DFlash checkpoint holds (embed_tokens always: the speculators library needs it)."""
+    layer = config["transformer_layer_config"]
+    hidden, vocab, heads = layer["hidden_size"], layer["vocab_size"], layer["num_attention_heads"]
+    kv_heads = layer.get("num_key_value_heads", heads)
+    head_dim = layer.get("head_dim") or hidden // heads
+    inter = layer["intermediate_size"]
+    draft_vocab = config.get("draft_vocab_size", vocab)
+    n_aux = len(config.get("aux_hidden_state_layer_ids") or [])
+    verifier_hidden = config.get("target_hidden_size") or hidden
+    shapes: dict[str, tuple[int, ...]] = {
+        "embed_tokens.weight": (vocab, hidden),
+        "fc.weight": (hidden, n_aux * verifier_hidden),
+        "hidden_norm.weight": (hidden,),
+        "norm.weight": (hidden,),
+        "lm_head.weight": (draft_vocab, hidden),
+    }
+    for i in range(layer.get("num_hidden_layers", 1)):
+        p = f"layers.{i}."
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+                p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+                p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+                p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+                p + "self_attn.q_norm.weight": (head_dim,),
+                p + "self_attn.k_norm.weight": (head_dim,),
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            }
+        )
+    if draft_vocab != vocab:
+        shapes["d2t"] = (draft_vocab,)
+        shapes["t2d"] = (vocab,)
+    return shapes
+
+
+DFLASH = register(
+    Algorithm(
+        name="dflash",
+        config_class=DFlashConfig,
+        model_class=DFlashDraftModel,
+        drafting="block",
+        aux_layer_key="aux_hidden_state_layer_ids",
+        config_rules=block_config_rules,
+        expected_shapes=block_expected_shapes,
+        vllm_method="dflash",
+    )
+)
