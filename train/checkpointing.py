@@ -28,10 +28,9 @@ from typing import Any
 
 import torch
 
-from speculators import runs
+from speculators import algorithms, runs
 from speculators.atomic import atomic_write_json, atomic_write_text
-from speculators.format.config import Eagle3Config
-from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.format.config import DraftConfig
 
 
 def remove_partials(run_dir: Path) -> None:
@@ -95,17 +94,18 @@ def gather_draft_state(accelerator, model) -> dict[str, torch.Tensor] | None:
     return state if accelerator.is_main_process else None
 
 
-def write_draft(directory: Path, config: Eagle3Config, state: dict[str, torch.Tensor]) -> None:
-    """Write a speculators checkpoint through :meth:`Eagle3DraftModel.save_pretrained` in fp32 (no extra copy:
-    the model is built on the meta device and takes the gathered tensors as they are)."""
+def write_draft(directory: Path, config: DraftConfig, state: dict[str, torch.Tensor]) -> None:
+    """Write a speculators checkpoint through the draft type's ``save_pretrained`` in fp32 (no extra copy: the
+    model is built on the meta device and takes the gathered tensors as they are)."""
+    model_class = algorithms.get(config.SPECULATORS_MODEL_TYPE).model_class
     with torch.device("meta"):
-        model = Eagle3DraftModel(copy.deepcopy(config))
+        model = model_class(copy.deepcopy(config))
     model.load_state_dict(state, strict=True, assign=True)
     model.save_pretrained(directory, dtype=torch.float32)
 
 
 def save_step(
-    accelerator, model, run_dir: Path, step: int, config: Eagle3Config, trainer_state: dict[str, Any]
+    accelerator, model, run_dir: Path, step: int, config: DraftConfig, trainer_state: dict[str, Any]
 ) -> Path:
     """Write ``checkpoints/step-<step>`` atomically (collective: every rank calls it)."""
     staging, final = runs.partial_dir(run_dir, step), runs.step_dir(run_dir, step)

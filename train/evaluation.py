@@ -16,46 +16,32 @@ from typing import Any
 import torch
 
 from train.data import MicroBatch
-from train.losses import step_masks, step_terms
+from train.objectives import Objective
 from train.step_stats import StepStats
-from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
+from train.targets import TargetHead
 
 
 @torch.no_grad()
 def evaluate(
     accelerator,
     model,
+    objective: Objective,
     head: TargetHead,
     batches: Iterable[MicroBatch],
     steps: int,
-    weights: list[float],
-    topk: int,
-    topk_weight: float,
-    mask_out_of_vocab: bool,
 ) -> dict[str, Any]:
-    """Metrics over this rank's batches, summed over all ranks (collective: every rank must call it)."""
+    """Metrics over this rank's batches, summed over all ranks (collective: every rank must call it). The
+    objective drafts ``steps`` positions from every held-out position and scores them."""
     device = accelerator.device
     was_training = model.training
     model.eval()
     stats = StepStats(steps, device)
     for batch in batches:
-        batch = batch.to(device)
-        needed = needed_positions(batch.loss_mask)
-        verifier_logits = target_logits(head, batch.last_hidden, needed)
-        draft_ids = target_draft_ids(head, batch.last_hidden, needed)
-        masks = step_masks(batch.loss_mask, batch.document_ids, draft_ids, steps, mask_out_of_vocab)
-        logits = model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids, steps=steps)
-        correct = []
-        for j in range(steps):
-            terms = step_terms(logits[j], verifier_logits, masks, j, topk if topk_weight else 0)
-            stats.add_terms(j, terms, batch.weight)
-            correct.append(logits[j].argmax(-1) == masks.target_draft_id[j])
-        stats.add_positions(masks, batch.weight)
-        stats.add_chain(torch.stack(correct), masks.valid, batch.weight)
+        objective.evaluate(model, batch.to(device), head, stats, steps)
     total = stats.all_reduce(accelerator)
     if was_training:
         model.train()
-    return summarize(total, weights, topk_weight)
+    return summarize(total, objective.weights, objective.settings.train.topk_weight)
 
 
 def summarize(stats: StepStats, weights: list[float], topk_weight: float) -> dict[str, Any]:

@@ -32,26 +32,20 @@ from speculators.verifier import verifier_config_dict
 from speculators.vocab import build_draft_vocab
 from train import checkpointing as ckpt
 from train.assemble import (
-    build_draft,
-    calibrate_warm_start,
     compute_dtype,
-    draft_config,
     lr_at,
     make_accelerator,
     make_optimizer,
-    scale_fc_by_feature_rms,
     set_lr,
 )
 from train.data import BatchPlan, row_buckets, run_loader, training_loss_mask
 from train.evaluation import evaluate
 from train.features import RowLayout, open_features
 from train.logs import RunLogger, console_line, eval_line
-from train.losses import step_masks, step_terms, step_weights
+from train.objectives import objective_for
 from train.settings import TrainSettings
 from train.step_stats import StepStats
-from train.targets import needed_positions, target_draft_ids, target_logits
 from train.ttt_attention import flex_shape_variants, limit_flex_recompiles
-from train.unroll import TTTDraft
 
 
 @dataclass
@@ -76,8 +70,9 @@ class Trainer:
         settings = TrainSettings.from_config(config)
         self.settings, self.run_dir = settings, Path(run_dir)
         train = settings.train
-        self.steps = train.ttt_steps
-        self.weights = step_weights(self.steps, train.step_weight_decay)
+        self.objective = objective_for(settings)
+        self.steps = self.objective.steps
+        self.weights = self.objective.weights
         self.dtype = compute_dtype(train.dtype)
         logging.getLogger("accelerate").setLevel(logging.WARNING)  # our own lines say what was saved
         if train.cpu_threads and not torch.cuda.is_available():
@@ -119,21 +114,10 @@ class Trainer:
         head = self.features.target_head(self.vocab.target_ids)
         head_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         self.head = head.to(self.device, dtype=head_dtype)
-        aux_layer_ids = self.features.aux_layer_ids
-        self.draft_config = draft_config(settings, self.verifier_config, aux_layer_ids, self.vocab)
-        draft = build_draft(settings, self.draft_config, self.vocab, self.head)
-        # a resumed run loads its weights from the checkpoint: the data passes below would be wasted
+        # a resumed run loads its weights from the checkpoint: data-dependent initialisation would be wasted
         fresh = not train.init_from and self._resume_path() is None
-        if settings.model.fc_init == "feature_rms" and fresh:
-            scale_fc_by_feature_rms(draft, self.features.feature_rms().to(draft.fc.weight.device))
-        if settings.model.warm_start == "top_layer" and fresh:
-            calibrate_warm_start(draft, self.features.residual_rms())
-        model = TTTDraft(
-            draft,
-            self.steps,
-            detach_context=train.detach_context,
-            attention_backend=train.attention_backend,
-            chunk_size=train.attention_chunk,
+        self.draft_config, model = self.objective.build(
+            self.verifier_config, self.features, self.vocab, self.head, fresh
         )
         optimizer = make_optimizer(settings.optim, model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
@@ -147,37 +131,23 @@ class Trainer:
         return runs.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
 
     # ---- one optimizer step -----------------------------------------------------------------------------
-    def _train_step(self, window: list[Any], stats: StepStats) -> None:
-        batches, masks = [], []
+    def _train_step(self, window: list[Any], stats: StepStats, step: int) -> None:
+        plans = []
         positions = StepStats(self.steps, self.device)
-        for item in window:
+        for micro, item in enumerate(window):
             batch = self.features.batch(item)
             # train.loss_positions applies to the training step only: validation stays on assistant text
             loss_mask = training_loss_mask(batch, self.settings.train.loss_positions)
-            needed = needed_positions(loss_mask)
-            step_mask = step_masks(
-                loss_mask,
-                batch.document_ids,
-                target_draft_ids(self.head, batch.last_hidden, needed),
-                self.steps,
-                self.settings.train.mask_out_of_vocab,
-            )
-            positions.add_positions(step_mask)
-            batches.append(batch)
-            masks.append((step_mask, needed))
+            seed = ((self.settings.seed * 1_000_003 + step) * 4099 + self.rank) * 257 + micro  # resume-exact
+            plan = self.objective.plan(batch, loss_mask, self.head, seed)
+            positions.add_positions(plan.masks)
+            plans.append((batch, plan))
         trained = positions.all_reduce(self.accelerator).trained.clamp_min(1.0)
         scale = float(self.world * self.plan.grad_accum)
-        topk, topk_weight = self.settings.train.topk, self.settings.train.topk_weight
-        for batch, (step_mask, needed) in zip(batches, masks, strict=True):
+        for batch, plan in plans:
             with self.accelerator.accumulate(self.model):
-                logits = self.model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids)
-                verifier_logits = target_logits(self.head, batch.last_hidden, needed)
-                loss = logits[0].new_zeros((), dtype=torch.float32)
-                for j, weight in enumerate(self.weights):
-                    terms = step_terms(logits[j], verifier_logits, step_mask, j, topk)
-                    loss = loss + weight * (terms.ce + topk_weight * terms.topk) / trained[j].float()
-                    stats.add_terms(j, terms)
-                stats.add_positions(step_mask)
+                loss = self.objective.loss(self.model, batch, plan, self.head, trained, stats)
+                stats.add_positions(plan.masks)
                 stats.add_batch(batch.num_tokens, batch.num_documents)
                 self.accelerator.backward(loss * scale)
                 clip = self.settings.optim.clip_norm
@@ -213,7 +183,7 @@ class Trainer:
             set_lr(self.optimizer, lr)
             window = [next(stream) for _ in range(self.plan.grad_accum)]
             started = time.time()
-            self._train_step(window, self._window["stats"])
+            self._train_step(window, self._window["stats"], progress.step)
             self._window["seconds"] += time.time() - started
             progress.step += 1
             progress.epoch, progress.step_in_epoch = divmod(progress.step, per_epoch)
@@ -333,17 +303,13 @@ class Trainer:
         if heldout is None or len(heldout) == 0 or self._last_eval_step == progress.step:
             return False
         self._last_eval_step = progress.step
-        train = self.settings.train
         metrics = evaluate(
             self.accelerator,
             self.model,
+            self.objective,
             self.head,
             self.features.eval_batches(),
             self.settings.eval.k,
-            self.weights,
-            train.hass.topk,
-            train.topk_weight,
-            train.mask_out_of_vocab,
         )
         progress.metrics = metrics
         epoch = round(progress.step / self.plan.steps_per_epoch, 4)

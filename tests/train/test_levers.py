@@ -124,17 +124,14 @@ def test_all_positions_train_on_every_real_token_and_validation_is_unchanged(
             samples = [trainer.features.train_set[i] for i in range(4)]
             batch = trainer.features.batch(trainer.features.collate(samples))
             stats = StepStats(trainer.steps, trainer.device)
-            trainer._train_step([trainer.features.collate(samples)], stats)
+            trainer._train_step([trainer.features.collate(samples)], stats, 0)
             metrics = evaluate(
                 trainer.accelerator,
                 trainer.model,
+                trainer.objective,
                 trainer.head,
                 trainer.features.eval_batches(),
                 trainer.steps,
-                trainer.weights,
-                0,
-                0.0,
-                True,
             )
             seen[setting] = (stats.valid.clone(), metrics, batch)
         finally:

@@ -1,0 +1,117 @@
+"""Training objectives: how an algorithm's draft is built, which positions are sampled, how attention is masked and
+how each drafted position is scored. One module per objective; the trainer loop only calls the interface below.
+
+An objective is keyed by ``train.algorithm`` (``eagle3`` and ``hass`` share the training-time-test objective;
+``dflash`` trains anchor blocks) and scores ``steps`` drafted positions per draft: the TTT unroll's steps, or a
+block's draft slots. Step j of a draft started after position t always targets the verifier's distribution at
+t+1+j (the token x_{t+2+j}), so the per-step statistics (:class:`train.step_stats.StepStats`), the simulated
+acceptance length and the logs mean the same for every algorithm.
+
+Every module of this package is imported and registers its objective class (:func:`register`): a new algorithm's
+objective is a new module, not edits across the trainer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from train.data import MicroBatch
+from train.losses import StepMasks
+from train.settings import TrainSettings
+from train.step_stats import StepStats
+from train.targets import TargetHead
+
+
+@dataclass
+class Plan:
+    """What an objective decided about one micro batch before the forward: the masks whose trained positions
+    are summed over the global batch (the loss normaliser) and whatever its forward needs (``extra``)."""
+
+    masks: StepMasks
+    needed: torch.Tensor
+    extra: dict[str, Any]
+
+
+class Objective:
+    """Interface of a training objective (see the module docstring)."""
+
+    algorithms: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, settings: TrainSettings) -> None:
+        self.settings = settings
+
+    @property
+    def steps(self) -> int:
+        """Drafted positions scored per draft."""
+        raise NotImplementedError
+
+    @property
+    def weights(self) -> list[float]:
+        """The static per-step loss weights (what the logged loss is weighted by)."""
+        raise NotImplementedError
+
+    def build(
+        self, verifier_config: dict[str, Any], features: Any, vocab: Any, head: TargetHead, fresh: bool
+    ) -> tuple[Any, nn.Module]:
+        """The draft's config (the checkpoint's ``config.json``) and the module accelerate prepares: the draft
+        wrapped so that one forward computes everything one backward needs. ``fresh``: no checkpoint will be
+        loaded over the weights (data-dependent initialisation is worth its data pass)."""
+        raise NotImplementedError
+
+    def plan(self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, seed: int) -> Plan:
+        """Masks and sampled positions of one training micro batch (``seed``: this micro batch's own, so a
+        resumed run samples exactly what it would have)."""
+        raise NotImplementedError
+
+    def loss(
+        self,
+        model: nn.Module,
+        batch: MicroBatch,
+        plan: Plan,
+        head: TargetHead,
+        trained: torch.Tensor,
+        stats: StepStats,
+    ) -> torch.Tensor:
+        """The micro batch's loss, each step's sum divided by ``trained[j]`` (the global batch's count)."""
+        raise NotImplementedError
+
+    def evaluate(
+        self, model: nn.Module, batch: MicroBatch, head: TargetHead, stats: StepStats, steps: int
+    ) -> None:
+        """Add one held-out batch's terms, positions and acceptance chains (``steps`` drafted positions)."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[Objective]] = {}
+
+
+def register(cls: type[Objective]) -> type[Objective]:
+    for name in cls.algorithms:
+        _REGISTRY[name] = cls
+    return cls
+
+
+def algorithms() -> tuple[str, ...]:
+    _load_all()
+    return tuple(sorted(_REGISTRY))
+
+
+def objective_for(settings: TrainSettings) -> Objective:
+    _load_all()
+    return _REGISTRY[settings.train.algorithm](settings)
+
+
+def _load_all() -> None:
+    if _REGISTRY:
+        return
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+__all__ = ["Objective", "Plan", "algorithms", "objective_for", "register"]

@@ -1,0 +1,101 @@
+"""EAGLE-3 and HASS: the k-step training-time-test unroll over every position (train/unroll.py).
+
+Every position t of a row drafts: step j feeds token x_{t+1+j} and the draft's own hidden state from step j-1 (the
+projected verifier feature at j=0) and is scored against the verifier's distribution at t+1+j. Step j weighs
+``step_weight_decay**j``; HASS adds its top-K distillation term.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from train.assemble import build_draft, calibrate_warm_start, draft_config, scale_fc_by_feature_rms
+from train.data import MicroBatch
+from train.losses import step_masks, step_terms, step_weights
+from train.objectives import Objective, Plan, register
+from train.step_stats import StepStats
+from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
+from train.unroll import TTTDraft
+
+
+@register
+class TrainingTimeTest(Objective):
+    algorithms = ("eagle3", "hass")
+
+    @property
+    def steps(self) -> int:
+        return self.settings.train.ttt_steps
+
+    @property
+    def weights(self) -> list[float]:
+        return step_weights(self.steps, self.settings.train.step_weight_decay)
+
+    def build(
+        self, verifier_config: dict[str, Any], features: Any, vocab: Any, head: TargetHead, fresh: bool
+    ) -> tuple[Any, nn.Module]:
+        settings, train = self.settings, self.settings.train
+        config = draft_config(settings, verifier_config, features.aux_layer_ids, vocab)
+        draft = build_draft(settings, config, vocab, head)
+        if settings.model.fc_init == "feature_rms" and fresh:
+            scale_fc_by_feature_rms(draft, features.feature_rms().to(draft.fc.weight.device))
+        if settings.model.warm_start == "top_layer" and fresh:
+            calibrate_warm_start(draft, features.residual_rms())
+        model = TTTDraft(
+            draft,
+            self.steps,
+            detach_context=train.detach_context,
+            attention_backend=train.attention_backend,
+            chunk_size=train.attention_chunk,
+        )
+        return config, model
+
+    def plan(self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, seed: int) -> Plan:
+        needed = needed_positions(loss_mask)
+        masks = step_masks(
+            loss_mask,
+            batch.document_ids,
+            target_draft_ids(head, batch.last_hidden, needed),
+            self.steps,
+            self.settings.train.mask_out_of_vocab,
+        )
+        return Plan(masks, needed, {})
+
+    def loss(
+        self,
+        model: nn.Module,
+        batch: MicroBatch,
+        plan: Plan,
+        head: TargetHead,
+        trained: torch.Tensor,
+        stats: StepStats,
+    ) -> torch.Tensor:
+        topk, topk_weight = self.settings.train.topk, self.settings.train.topk_weight
+        logits = model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids)
+        verifier_logits = target_logits(head, batch.last_hidden, plan.needed)
+        loss = logits[0].new_zeros((), dtype=torch.float32)
+        for j, weight in enumerate(self.weights):
+            terms = step_terms(logits[j], verifier_logits, plan.masks, j, topk)
+            loss = loss + weight * (terms.ce + topk_weight * terms.topk) / trained[j].float()
+            stats.add_terms(j, terms)
+        return loss
+
+    def evaluate(
+        self, model: nn.Module, batch: MicroBatch, head: TargetHead, stats: StepStats, steps: int
+    ) -> None:
+        train = self.settings.train
+        topk = train.hass.topk if train.topk_weight else 0
+        needed = needed_positions(batch.loss_mask)
+        verifier_logits = target_logits(head, batch.last_hidden, needed)
+        draft_ids = target_draft_ids(head, batch.last_hidden, needed)
+        masks = step_masks(batch.loss_mask, batch.document_ids, draft_ids, steps, train.mask_out_of_vocab)
+        logits = model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids, steps=steps)
+        correct = []
+        for j in range(steps):
+            terms = step_terms(logits[j], verifier_logits, masks, j, topk)
+            stats.add_terms(j, terms, batch.weight)
+            correct.append(logits[j].argmax(-1) == masks.target_draft_id[j])
+        stats.add_positions(masks, batch.weight)
+        stats.add_chain(torch.stack(correct), masks.valid, batch.weight)
