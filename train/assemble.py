@@ -201,6 +201,55 @@ def build_draft(
     return draft
 
 
+def build_block_draft(
+    settings: TrainSettings,
+    config_class: Any,
+    model_class: Any,
+    verifier_config: dict[str, Any],
+    features: Any,
+    vocab: DraftVocab,
+    head: TargetHead,
+) -> Any:
+    """A fresh block drafter (DFlash family; same init on every rank): the mask token resolved
+    (:mod:`speculators.mask_token`, the reason written into the config), the verifier's embedding, its lm_head rows
+    of the draft vocabulary and its final norm (the head's rows were trained against the verifier's normed state)."""
+    from transformers import AutoTokenizer
+
+    from speculators.mask_token import resolve_mask_token
+
+    model = settings.model
+    verifier_path = resolve_verifier_path(settings.verifier.name_or_path)
+    embedding = verifier_embedding(settings.verifier.name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(verifier_path)
+    except (OSError, ValueError):  # a verifier directory without tokenizer files
+        tokenizer = None
+    mask_id, reason = resolve_mask_token(tokenizer, embedding.shape[0], features.counts, model.mask_token_id)
+    config = config_class.from_verifier(
+        verifier_config,
+        name_or_path=verifier_path,
+        mask_token_id=mask_id,
+        mask_token_source=reason,
+        draft_vocab_size=vocab.draft_vocab_size,
+        aux_layer_ids=features.aux_layer_ids,
+        num_layers=model.num_layers,
+        block_size=model.block_size,
+        block_causal=model.block_causal,
+        torch_dtype="float32",
+    )
+    config.speculators_config.proposal_methods[0].speculative_tokens = config.draft_slots
+    torch.manual_seed(settings.seed)
+    draft = model_class(config)
+    draft.set_vocab(vocab.d2t, vocab.t2d)
+    draft.embed_tokens.weight.data.copy_(embedding.to(draft.embed_tokens.weight.dtype))
+    if model.init_lm_head_from_verifier:
+        draft.lm_head.weight.data.copy_(head.draft_weight.to(draft.lm_head.weight.dtype))
+        draft.norm.weight.data.copy_(head.norm.weight.to(draft.norm.weight.dtype))
+    if model.fc_init == "feature_rms":
+        scale_fc_by_feature_rms(draft, features.feature_rms().to(draft.fc.weight.device))
+    return draft
+
+
 @torch.no_grad()
 def warm_start_from_verifier(draft: Eagle3DraftModel, name_or_path: str) -> None:
     """``model.warm_start=top_layer``: start the draft's decoder layers from the verifier's top layers instead of

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
-ALGORITHMS = ("eagle3", "hass")
+POSITION_WEIGHTINGS = ("exp_decay", "dpace")
 DATA_MODES = ("offline", "online")
 ATTENTION_BACKENDS = ("auto", "chunked", "flex", "dense")  # train.ttt_attention.BACKENDS (a test compares)
 TRAIN_DTYPES = ("auto", "bf16", "bfloat16", "fp32", "float32")
@@ -70,9 +70,15 @@ class ModelSettings:
     fc_init: str = "default"
     init_lm_head_from_verifier: bool = True
     warm_start: str = "none"
+    # block drafters (DFlash family): slots per forward (anchor + draft slots), intra-block causality, mask token
+    block_size: int = 8
+    block_causal: bool = True
+    mask_token_id: int | None = None
 
     def problems(self) -> list[str]:
         found = _at_least("model.num_layers", self.num_layers, 1)
+        found += _at_least("model.block_size", self.block_size, 2)
+        found += _at_least("model.mask_token_id", self.mask_token_id, 0)
         found += _choice("model.warm_start", self.warm_start, WARM_STARTS)
         found += _at_least("model.draft_vocab_size", self.draft_vocab_size, 1)
         found += _choice("model.fc_init", self.fc_init, FC_INITS)
@@ -126,6 +132,12 @@ class LoopSettings:
     dry_run: bool = False
     init_from: str | None = None
     loss_positions: str = "assistant"  # training step only: validation stays on assistant text
+    # block drafters: anchors per micro batch, anchors per attention chunk, per-slot loss weighting
+    max_anchors: int = 512
+    anchor_chunk: int = 64
+    position_weighting: str = "exp_decay"
+    decay_gamma: float = 4.0
+    dpace_alpha: float = 0.5
     hass: HassSettings = field(default_factory=HassSettings)
 
     @property
@@ -147,7 +159,17 @@ class LoopSettings:
         return self.hass.detach_context if self.is_hass else False
 
     def problems(self) -> list[str]:
-        found = _choice("train.algorithm", self.algorithm, ALGORITHMS)
+        from train.objectives import algorithms  # each objective module declares the algorithms it trains
+
+        found = _choice("train.algorithm", self.algorithm, algorithms())
+        found += _choice("train.position_weighting", self.position_weighting, POSITION_WEIGHTINGS)
+        found += _at_least("train.max_anchors", self.max_anchors, 1) + _at_least(
+            "train.anchor_chunk", self.anchor_chunk, 1
+        )
+        if not self.decay_gamma > 0 or not 0 < self.dpace_alpha <= 1:
+            found.append(
+                f"train.decay_gamma={self.decay_gamma} must be > 0 and train.dpace_alpha={self.dpace_alpha} in (0, 1]"
+            )
         found += _choice("train.data_mode", self.data_mode, DATA_MODES)
         found += _choice("train.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         found += _choice("train.loss_positions", self.loss_positions, LOSS_POSITIONS)
@@ -345,7 +367,9 @@ class TrainSettings:
             raise SettingsError(problems)
         settings = cls(**values, data=dict(resolved.get("data") or {}), resolved=resolved)
         if settings.eval.k is None:
-            settings = replace(settings, eval=replace(settings.eval, k=settings.train.ttt_steps))
+            from train.objectives import objective_for
+
+            settings = replace(settings, eval=replace(settings.eval, k=objective_for(settings).steps))
         problems = [p for group in GROUPS for p in getattr(settings, group).problems()]
         problems += settings.combination_problems()
         if problems:
