@@ -236,6 +236,7 @@ def build_block_draft(
         block_size=model.block_size,
         block_causal=model.block_causal,
         torch_dtype="float32",
+        **_declared_fields(config_class, {"markov_rank": model.markov_rank}),
     )
     config.speculators_config.proposal_methods[0].speculative_tokens = config.draft_slots
     torch.manual_seed(settings.seed)
@@ -248,6 +249,14 @@ def build_block_draft(
     if model.fc_init == "feature_rms":
         scale_fc_by_feature_rms(draft, features.feature_rms().to(draft.fc.weight.device))
     return draft
+
+
+def _declared_fields(config_class: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The recipe values a config class declares a field for (DSpark's ``markov_rank``; DFlash has none)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(config_class)}
+    return {key: value for key, value in values.items() if key in names}
 
 
 @torch.no_grad()

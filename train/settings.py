@@ -74,6 +74,7 @@ class ModelSettings:
     block_size: int = 8
     block_causal: bool = True
     mask_token_id: int | None = None
+    markov_rank: int = 256  # DSpark's Markov head rank
 
     def problems(self) -> list[str]:
         found = _at_least("model.num_layers", self.num_layers, 1)
@@ -138,6 +139,7 @@ class LoopSettings:
     position_weighting: str = "exp_decay"
     decay_gamma: float = 4.0
     dpace_alpha: float = 0.5
+    confidence_weight: float = 1.0  # DSpark: weight of the confidence head's BCE
     hass: HassSettings = field(default_factory=HassSettings)
 
     @property

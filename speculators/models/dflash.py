@@ -118,9 +118,27 @@ class DFlashDraftModel(DraftModel):
             hidden = layer(hidden, cos, sin, bind_layer(attend, layer.layer_idx))
         return self.norm(hidden)
 
-    def forward(self, block_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+    def slot_logits(self, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft-vocab logits of slots' hidden states. ``prev_ids``: the verifier-vocab token before each slot's
+        target (the anchor for the first draft slot, then each earlier slot's token); DFlash ignores it, DSpark's
+        Markov head adds a bias from it."""
+        return self.lm_head(hidden)
+
+    def aux_outputs(
+        self, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Heads trained beside the token head (DSpark's confidence); none for DFlash."""
+        return {}
+
+    def forward(
+        self,
+        block_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: AttendFn,
+        prev_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Draft-vocab logits of every slot ``[N, B, Vd]``; ``attend`` supplies the context (module docstring)."""
-        return self.lm_head(self.block_hidden(block_ids, positions, attend))
+        return self.slot_logits(self.block_hidden(block_ids, positions, attend), prev_ids)
 
 
 __all__ = ["ContextKV", "DFlashDraftModel", "block_attention"]

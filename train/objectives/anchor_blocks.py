@@ -20,17 +20,20 @@ batch's trained count per slot, as for EAGLE-3.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from speculators.format.dflash_config import DFlashConfig
+from speculators.format.dflash_config import DFlashConfig, DSparkConfig
 from speculators.models.dflash import DFlashDraftModel, block_attention
+from speculators.models.dspark import DSparkDraftModel
 from speculators.vocab import DraftVocab
 from train.assemble import build_block_draft
 from train.data import MicroBatch
-from train.losses import StepMasks, StepTerms, soft_cross_entropy, step_masks, topk_distillation
+from train.losses import StepMasks, StepTerms, soft_cross_entropy, step_masks
 from train.objectives import Objective, Plan, register
 from train.step_stats import StepStats
 from train.targets import TargetHead, needed_positions, target_draft_ids
@@ -53,15 +56,18 @@ class AnchorBlockDraft(nn.Module):
         rows: torch.Tensor,
         cols: torch.Tensor,
         slots: int,
-    ) -> torch.Tensor:
-        """Draft logits ``[N, slots, Vd]`` of the blocks anchored after positions ``(rows[n], cols[n])``."""
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Draft logits ``[N, slots, Vd]`` of the blocks anchored after positions ``(rows[n], cols[n])``, and the
+        draft's other heads' outputs (DSpark's confidence ``[N, slots]``). Each slot's previous token (what DSpark's
+        Markov head reads) is the data token before its target: teacher forcing."""
         draft = self.draft
         context = draft.project_context(aux_hidden.to(draft.fc.weight.dtype))
         context_kv = draft.context_kv(context, position_ids)
         length = input_ids.shape[1]
         columns = torch.arange(length, device=input_ids.device)
         window = draft.config.sliding_window
-        out = []
+        out: list[torch.Tensor] = []
+        extras: dict[str, list[torch.Tensor]] = {}
         for start in range(0, rows.numel(), self.anchor_chunk):
             r, c = rows[start : start + self.anchor_chunk], cols[start : start + self.anchor_chunk]
             anchor_pos = position_ids[r, c] + 1
@@ -77,8 +83,27 @@ class AnchorBlockDraft(nn.Module):
             def attend(layer_idx: int, q, k, v, kv=chunk_kv, seen=visible):
                 return block_attention(q, k, v, *kv[layer_idx], seen, draft.config.block_causal)
 
-            out.append(draft(block_ids, block_pos, attend))
-        return torch.cat(out) if out else context.new_zeros(0, slots, draft.config.draft_vocab_size)
+            prev_cols = (c[:, None] + torch.arange(slots, device=c.device)[None]).clamp(max=length - 1)
+            prev_ids = input_ids[r[:, None], prev_cols]
+            hidden = draft.block_hidden(block_ids, block_pos, attend)
+            out.append(draft.slot_logits(hidden, prev_ids))
+            for name, value in draft.aux_outputs(hidden, prev_ids).items():
+                extras.setdefault(name, []).append(value)
+        if not out:
+            return context.new_zeros(0, slots, draft.config.draft_vocab_size), {}
+        return torch.cat(out), {name: torch.cat(values) for name, values in extras.items()}
+
+
+@dataclass
+class BlockTerms:
+    """One forward's slot scores: logits ``[N, slots, Vd]``, other heads' outputs, per-anchor CE and agreement
+    ``1 - TV(draft, verifier)`` ``[N, k]`` (0 where untrained), and each step's summed terms."""
+
+    logits: torch.Tensor
+    extras: dict[str, torch.Tensor]
+    ce: torch.Tensor
+    agreement: torch.Tensor
+    terms: list[StepTerms]
 
 
 def sample_anchors(
@@ -114,6 +139,8 @@ def dpace_weights(ce: torch.Tensor, trained: torch.Tensor, alpha: float) -> torc
 
 @register
 class AnchorBlocks(Objective):
+    """DFlash's objective (module docstring); DSpark's adds its heads (:class:`DSparkAnchorBlocks`)."""
+
     algorithms = ("dflash",)
     config_class = DFlashConfig
     model_class = DFlashDraftModel
@@ -149,31 +176,35 @@ class AnchorBlocks(Objective):
         return Plan(at_anchors(masks, rows, cols), needed, {"rows": rows, "cols": cols})
 
     def _terms(
-        self, model: nn.Module, batch: MicroBatch, plan: Plan, head: TargetHead, steps: int, topk: int
-    ) -> tuple[torch.Tensor, list[torch.Tensor], list[StepTerms]]:
-        """Block logits and, per step, the per-anchor CE ``[N]`` (0 where untrained) and the summed terms."""
+        self, model: nn.Module, batch: MicroBatch, plan: Plan, head: TargetHead, steps: int
+    ) -> BlockTerms:
+        """One forward over the plan's blocks, scored slot by slot against the verifier."""
         rows, cols = plan.extra["rows"], plan.extra["cols"]
-        logits = model(
+        logits, extras = model(
             batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids, rows, cols, steps + 1
         )
         masks = plan.masks
-        per_anchor, terms = [], []
         length = batch.input_ids.shape[1]
+        ce = logits.new_zeros(rows.numel(), steps, dtype=torch.float32)
+        agreement = logits.new_zeros(rows.numel(), steps, dtype=torch.float32)  # 1 - TV(draft, verifier)
+        terms = []
         for j in range(steps):
             trained = masks.trained[j, 0]
-            target_cols = (cols + 1 + j).clamp(max=length - 1)
-            ce = logits.new_zeros(rows.numel(), dtype=torch.float32)
-            top = logits.new_zeros((), dtype=torch.float32)
             if trained.any():
-                verifier = head.draft_logits(batch.last_hidden[rows[trained], target_cols[trained]])
-                ce = ce.masked_scatter(trained, soft_cross_entropy(logits[trained, j + 1], verifier))
-                if topk:
-                    top = topk_distillation(logits[trained, j + 1], verifier, topk).sum()
+                target_cols = (cols[trained] + 1 + j).clamp(max=length - 1)
+                verifier = head.draft_logits(batch.last_hidden[rows[trained], target_cols])
+                draft = logits[trained, j + 1]
+                ce[trained, j] = soft_cross_entropy(draft, verifier)
+                if "confidence" in extras:
+                    with torch.no_grad():
+                        tv = 0.5 * (torch.softmax(draft.float(), -1) - torch.softmax(verifier, -1)).abs().sum(
+                            -1
+                        )
+                    agreement[trained, j] = 1.0 - tv
             with torch.no_grad():
                 hits = (logits[:, j + 1].argmax(-1) == masks.target_draft_id[j, 0]) & masks.valid[j, 0]
-            per_anchor.append(ce)
-            terms.append(StepTerms(ce=ce.sum(), topk=top, correct=hits.sum().double()))
-        return logits, per_anchor, terms
+            terms.append(StepTerms(ce=ce[:, j].sum(), topk=ce.new_zeros(()), correct=hits.sum().double()))
+        return BlockTerms(logits, extras, ce, agreement, terms)
 
     def loss(
         self,
@@ -185,14 +216,19 @@ class AnchorBlocks(Objective):
         stats: StepStats,
     ) -> torch.Tensor:
         train = self.settings.train
-        _, per_anchor, terms = self._terms(model, batch, plan, head, self.steps, 0)
-        ce = torch.stack(per_anchor, dim=-1)  # [N, k]
+        out = self._terms(model, batch, plan, head, self.steps)
+        mask = plan.masks.trained[:, 0].T  # [N, k]
         if train.position_weighting == "dpace":
-            weights = dpace_weights(ce, plan.masks.trained[:, 0].T, train.dpace_alpha)
+            weights = dpace_weights(out.ce, mask, train.dpace_alpha)
         else:
-            weights = ce.new_tensor(self.weights)[None].expand_as(ce)
-        loss = (weights * ce / trained[None, : self.steps].float()).sum()
-        for j, term in enumerate(terms):
+            weights = out.ce.new_tensor(self.weights)[None].expand_as(out.ce)
+        norm = trained[None, : self.steps].float()
+        loss = (weights * out.ce / norm).sum()
+        if "confidence" in out.extras:  # DSpark: BCE toward the slot's agreement with the verifier
+            confidence = out.extras["confidence"][:, 1 : self.steps + 1].float()
+            bce = F.binary_cross_entropy_with_logits(confidence, out.agreement, reduction="none")
+            loss = loss + train.confidence_weight * (weights * bce * mask / norm).sum()
+        for j, term in enumerate(out.terms):
             stats.add_terms(j, term)
         return loss
 
@@ -212,11 +248,22 @@ class AnchorBlocks(Objective):
         )
         rows, cols = masks.valid[0].nonzero(as_tuple=True)
         plan = Plan(at_anchors(masks, rows, cols), needed, {"rows": rows, "cols": cols})
-        logits, _, terms = self._terms(model, batch, plan, head, steps, 0)
-        for j, term in enumerate(terms):
+        out = self._terms(model, batch, plan, head, steps)
+        logits = out.logits
+        for j, term in enumerate(out.terms):
             stats.add_terms(j, term, batch.weight)
         stats.add_positions(plan.masks, batch.weight)
         correct = torch.stack(
             [logits[:, j + 1].argmax(-1) == plan.masks.target_draft_id[j, 0] for j in range(steps)]
         )
         stats.add_chain(correct[:, None], plan.masks.valid, batch.weight)
+
+
+@register
+class DSparkAnchorBlocks(AnchorBlocks):
+    """DSpark: the same blocks; the Markov head reads each slot's previous data token (teacher forcing) and the
+    confidence head learns ``1 - TV`` with BCE, weighted per slot like the token loss (``train.confidence_weight``)."""
+
+    algorithms = ("dspark",)
+    config_class = DSparkConfig
+    model_class = DSparkDraftModel

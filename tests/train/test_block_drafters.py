@@ -1,4 +1,4 @@
-"""DFlash training end to end in one process: anchor blocks drawn from the EAGLE-3 features, a draft that learns
+"""DFlash and DSpark training end to end in one process: anchor blocks drawn from the EAGLE-3 features, a draft that learns
 to propose several tokens per forward, a checkpoint that is a valid DFlash directory, and attention memory linear in
 the number of anchors."""
 
@@ -39,6 +39,29 @@ def test_dflash_learns_blocks_and_writes_a_dflash_checkpoint(sharp_verifier, tin
     assert isinstance(model, DFlashDraftModel) and model.config.draft_vocab_size == 256
     errors = list(algorithms.get("dflash").config_rules(config))
     assert not errors, errors
+
+
+def test_dspark_trains_its_markov_and_confidence_heads(sharp_verifier, tiny_data, tmp_path):
+    run_dir = tmp_path / "dspark"
+    overrides = tiny_overrides(
+        sharp_verifier, tiny_data, run_dir, "train.epochs=20", "train.micro_batch_size=8"
+    )
+    overrides[0] = "recipe=tiny_dspark"
+    overrides += ["optim.lr=5e-3", "model.init_lm_head_from_verifier=false"]
+    train(compose(overrides), run_dir)
+    best = read_best(run_dir)
+    assert best["acceptance_length"] > 1.8, best
+    draft_dir = resolve_draft_dir(run_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    unit = algorithms.of_config(config)
+    assert unit.name == "dspark" and not list(unit.config_rules(config))
+    model = algorithms.load_draft(draft_dir)
+    state = model.state_dict()
+    shapes = unit.expected_shapes(config)
+    assert {k: tuple(v.shape) for k, v in model.export_state_dict().items()} == shapes
+    # the heads learnt: the Markov table's output map left its zero init, the confidence head moved
+    assert state["markov_head.markov_w2.weight"].abs().sum() > 0
+    assert state["confidence_head.proj.bias"].abs().item() > 0
 
 
 def test_anchor_sampling_is_reproducible_and_bounded():
@@ -87,7 +110,7 @@ def test_attention_memory_is_linear_in_anchors(tiny_llama_dir):
 
         cols = torch.linspace(10, length - 10, anchors).long()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(*inputs, torch.zeros_like(cols), cols, 4).sum()
+            model(*inputs, torch.zeros_like(cols), cols, 4)[0].sum()
         return total
 
     # weights, the row's context K/V and rope tables are shared by every anchor: compare increments
