@@ -125,7 +125,7 @@ def build_draft(recipe: dict[str, Any], verifier_config: dict[str, Any], device:
     from train.memory_plan import build_meta_draft, meta_head
     from train.settings import TrainSettings
 
-    model, draft_config = build_meta_draft(TrainSettings.from_config(recipe), verifier_config, torch.float32)
+    model, draft_config, _ = build_meta_draft(TrainSettings.from_config(recipe), verifier_config, torch.float32)
     model = materialize(model, device)
     draft = model.draft
     draft.d2t.zero_()

@@ -156,12 +156,13 @@ def make_accelerator(settings: TrainSettings, dtype: torch.dtype):
 
 # ---- the draft ----------------------------------------------------------------------------------------------
 def draft_config(
-    settings: TrainSettings, verifier_config: dict[str, Any], aux_layer_ids: list[int], vocab: DraftVocab
+    settings: TrainSettings, verifier_config: dict[str, Any], aux_layer_ids: list[int], draft_vocab_size: int
 ) -> Eagle3Config:
+    """The EAGLE-3 draft's config.json of a recipe (the trainer's and the memory plan's)."""
     return Eagle3Config.from_verifier(
         verifier_config,
         name_or_path=resolve_verifier_path(settings.verifier.name_or_path),
-        draft_vocab_size=vocab.draft_vocab_size,
+        draft_vocab_size=draft_vocab_size,
         aux_layer_ids=aux_layer_ids,
         speculative_tokens=settings.export.speculative_tokens,
         num_layers=settings.model.num_layers,
@@ -225,20 +226,15 @@ def build_block_draft(
     except (OSError, ValueError):  # a verifier directory without tokenizer files
         tokenizer = None
     mask_id, reason = resolve_mask_token(tokenizer, embedding.shape[0], features.counts, model.mask_token_id)
-    config = config_class.from_verifier(
+    config = block_draft_config(
+        settings,
+        config_class,
         verifier_config,
-        name_or_path=verifier_path,
-        mask_token_id=mask_id,
-        mask_token_source=reason,
-        draft_vocab_size=vocab.draft_vocab_size,
-        aux_layer_ids=features.aux_layer_ids,
-        num_layers=model.num_layers,
-        block_size=model.block_size,
-        block_causal=model.block_causal,
-        torch_dtype="float32",
-        **_declared_fields(config_class, {"markov_rank": model.markov_rank}),
+        features.aux_layer_ids,
+        vocab.draft_vocab_size,
+        mask_id,
+        reason,
     )
-    config.speculators_config.proposal_methods[0].speculative_tokens = config.draft_slots
     torch.manual_seed(settings.seed)
     draft = model_class(config)
     draft.set_vocab(vocab.d2t, vocab.t2d)
@@ -249,6 +245,34 @@ def build_block_draft(
     if model.fc_init == "feature_rms":
         scale_fc_by_feature_rms(draft, features.feature_rms().to(draft.fc.weight.device))
     return draft
+
+
+def block_draft_config(
+    settings: TrainSettings,
+    config_class: Any,
+    verifier_config: dict[str, Any],
+    aux_layer_ids: list[int],
+    draft_vocab_size: int,
+    mask_token_id: int,
+    mask_token_source: str,
+) -> Any:
+    """A block drafter's config.json of a recipe (the trainer's and the memory plan's)."""
+    model = settings.model
+    config = config_class.from_verifier(
+        verifier_config,
+        name_or_path=resolve_verifier_path(settings.verifier.name_or_path),
+        mask_token_id=mask_token_id,
+        mask_token_source=mask_token_source,
+        draft_vocab_size=draft_vocab_size,
+        aux_layer_ids=aux_layer_ids,
+        num_layers=model.num_layers,
+        block_size=model.block_size,
+        block_causal=model.block_causal,
+        torch_dtype="float32",
+        **_declared_fields(config_class, {"markov_rank": model.markov_rank}),
+    )
+    config.speculators_config.proposal_methods[0].speculative_tokens = config.draft_slots
+    return config
 
 
 def _declared_fields(config_class: Any, values: dict[str, Any]) -> dict[str, Any]:

@@ -29,10 +29,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from speculators import algorithms
 from speculators.atomic import atomic_write_json
-from speculators.format.config import Eagle3Config
-from speculators.models.eagle3 import Eagle3DraftModel
-from train.losses import step_weights
 from train.settings import TrainSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -136,13 +134,12 @@ def _dense_indices(indices: list[torch.Tensor | None]) -> list[torch.Tensor | No
 
 
 # ---- one training step ---------------------------------------------------------------------------------------
-def trace_step(
-    model: torch.nn.Module, head: Any, batch: dict[str, torch.Tensor], weights: list[float], topk: int
-) -> int:
-    """Peak bytes allocated by one TTT step (targets, unroll, loss, backward) of ``model`` on ``batch``, as the
-    trainer runs it; gradients are dropped as they are accumulated (see the module docstring)."""
-    from train.losses import step_masks, step_terms
-    from train.targets import needed_positions, target_draft_ids, target_logits
+def trace_step(model: torch.nn.Module, head: Any, batch: dict[str, torch.Tensor], objective: Any) -> int:
+    """Peak bytes allocated by one training step of ``model`` on ``batch`` as the objective runs it (targets,
+    sampled positions, forward, loss, backward); gradients are dropped as they are accumulated (see the module
+    docstring)."""
+    from train.data import MicroBatch
+    from train.step_stats import StepStats
 
     hooks = [
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
@@ -150,24 +147,23 @@ def trace_step(
         if p.requires_grad
     ]
     tracker = LiveBytes()
+    micro = MicroBatch(
+        input_ids=batch["input_ids"],
+        loss_mask=batch["loss_mask"],
+        document_ids=batch["document_ids"],
+        position_ids=batch["position_ids"],
+        aux_hidden=batch["aux_hidden"],
+        last_hidden=batch["last_hidden"],
+        num_documents=1,
+    )
     try:
         with WorstCaseMeta(), tracker:
-            needed = needed_positions(batch["loss_mask"])
-            masks = step_masks(
-                batch["loss_mask"],
-                batch["document_ids"],
-                target_draft_ids(head, batch["last_hidden"], needed),
-                len(weights),
-            )
-            logits = model(
-                batch["input_ids"], batch["aux_hidden"], batch["position_ids"], batch["document_ids"]
-            )
-            verifier_logits = target_logits(head, batch["last_hidden"], needed)
-            loss = logits[0].new_zeros((), dtype=torch.float32)
-            for j, weight in enumerate(weights):
-                terms = step_terms(logits[j], verifier_logits, masks, j, topk)
-                loss = loss + weight * (terms.ce + terms.topk)
-            del logits, verifier_logits, masks
+            plan = objective.plan(micro, micro.loss_mask, head, seed=0)
+            device = micro.input_ids.device
+            trained = torch.ones(objective.steps, dtype=torch.float64, device=device)
+            stats = StepStats(objective.steps, device)
+            loss = objective.loss(model, micro, plan, head, trained, stats)
+            del plan, stats
             loss.backward()
     finally:
         for hook in hooks:
@@ -220,37 +216,21 @@ def frozen_bytes(
 # ---- the plan ------------------------------------------------------------------------------------------------
 def build_meta_draft(
     config: TrainSettings | dict[str, Any], verifier_config: dict[str, Any], dtype: torch.dtype
-):
-    """The recipe's draft (``TTTDraft`` around ``Eagle3DraftModel``) with meta parameters, and its config."""
+) -> tuple[torch.nn.Module, Any, Any]:
+    """The recipe's wrapped draft with meta parameters, its config and its objective (the same config builders
+    as the trainer's: :func:`train.assemble.draft_config` / ``block_draft_config``)."""
     from data_gen.capture import resolve_aux_layer_ids
-    from train.unroll import TTTDraft
+    from train.objectives import objective_for
 
     settings = TrainSettings.from_config(config)
-    model_cfg, wanted = settings.model, settings.verifier.aux_layer_ids
+    wanted = settings.verifier.aux_layer_ids
     aux_ids = resolve_aux_layer_ids(
         list(wanted) if wanted is not None else None, int(verifier_config["num_hidden_layers"])
     )
-    draft_config = Eagle3Config.from_verifier(
-        verifier_config,
-        name_or_path=settings.verifier.name_or_path,
-        draft_vocab_size=model_cfg.draft_vocab_size or int(verifier_config["vocab_size"]),
-        aux_layer_ids=aux_ids,
-        speculative_tokens=settings.export.speculative_tokens,
-        num_layers=model_cfg.num_layers,
-        layer_type=model_cfg.layer_type,
-        norm_before_residual=model_cfg.norm_before_residual,
-        torch_dtype="float32",
-    )
-    with torch.device("meta"):
-        draft = Eagle3DraftModel(draft_config).to(dtype)
-    model = TTTDraft(
-        draft,
-        settings.train.ttt_steps,
-        detach_context=settings.train.detach_context,
-        attention_backend="chunked",
-        chunk_size=settings.train.attention_chunk,
-    )
-    return model, draft_config
+    objective = objective_for(settings)
+    draft_vocab = settings.model.draft_vocab_size or int(verifier_config["vocab_size"])
+    draft_config, model = objective.meta_model(verifier_config, aux_ids, draft_vocab, dtype)
+    return model, draft_config, objective
 
 
 def meta_head(verifier_config: dict[str, Any], draft_vocab: int, dtype: torch.dtype):
@@ -283,7 +263,7 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     verifier_config = plan_verifier_config(verifier_name)
     bf16 = train_cfg.dtype in ("auto", "bf16", "bfloat16")  # auto = bf16 on the GPUs this plans for
     dtype = torch.bfloat16 if bf16 else torch.float32
-    model, draft_config = build_meta_draft(settings, verifier_config, dtype)
+    model, draft_config, objective = build_meta_draft(settings, verifier_config, dtype)
     head = meta_head(verifier_config, draft_config.draft_vocab_size, dtype)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     draft_frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
@@ -293,11 +273,10 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     verifier_params = online_verifier_params(verifier_config) if online else 0
     rows, length = train_cfg.micro_batch_size, train_cfg.max_length
     hidden = int(verifier_config["hidden_size"])
-    aux_width = len(draft_config.eagle_aux_hidden_state_layer_ids) * hidden
+    algorithm = algorithms.get(draft_config.SPECULATORS_MODEL_TYPE)
+    aux_width = len(algorithm.aux_layer_ids(draft_config)) * hidden
     batch = meta_batch(rows, length, aux_width, hidden, dtype)
-    ttt = train_cfg.ttt_steps
-    weights = step_weights(ttt, train_cfg.step_weight_decay)
-    activations = trace_step(model, head, batch, weights, train_cfg.topk)
+    activations = trace_step(model, head, batch, objective)
     static, peak, frozen = {}, {}, {}
     for stage in STAGES:
         key = f"zero{stage}"
@@ -317,7 +296,9 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
         "data_mode": train_cfg.data_mode,
         "micro_batch_size": rows,
         "max_length": length,
-        "ttt_steps": ttt,
+        "algorithm": train_cfg.algorithm,
+        "drafted_positions": objective.steps,  # TTT steps, or a block's draft slots
+        "max_anchors": train_cfg.max_anchors if algorithm.drafting == "block" else None,
         "draft_vocab_size": draft_config.draft_vocab_size,
         "params_trainable": trainable,
         "params_frozen": draft_frozen + head_params + verifier_params,
@@ -345,8 +326,8 @@ def summary_line(plan: dict[str, Any]) -> str:
     peaks = plan["peak_bytes_per_rank"][stage]
     return (
         f"memory plan {plan['recipe']}: {plan['params_trainable'] / 1e6:.1f}M trainable, "
-        f"{plan['params_frozen'] / 1e6:.1f}M frozen params; one TTT step ({plan['micro_batch_size']} x "
-        f"{plan['max_length']} tokens, {plan['ttt_steps']} steps) {plan['activation_peak_bytes'] / GIB:.1f} GiB; "
+        f"{plan['params_frozen'] / 1e6:.1f}M frozen params; one {plan['algorithm']} step ({plan['micro_batch_size']} x "
+        f"{plan['max_length']} tokens, {plan['drafted_positions']} drafted positions) {plan['activation_peak_bytes'] / GIB:.1f} GiB; "
         f"peak per rank ({stage}): " + ", ".join(f"{n} proc {b / GIB:.1f} GiB" for n, b in peaks.items())
     )
 

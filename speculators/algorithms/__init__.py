@@ -70,11 +70,15 @@ def register(algorithm: Algorithm) -> Algorithm:
     return algorithm
 
 
+_LOADED: list[bool] = []  # every module of the package imported (one may have been imported directly before)
+
+
 def _load_all() -> None:
-    if _REGISTRY:
+    if _LOADED:
         return
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
+    _LOADED.append(True)
 
 
 def names() -> list[str]:

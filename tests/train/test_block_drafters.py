@@ -116,3 +116,31 @@ def test_attention_memory_is_linear_in_anchors(tiny_llama_dir):
     # weights, the row's context K/V and rope tables are shared by every anchor: compare increments
     m32, m64, m128 = saved_bytes(32), saved_bytes(64), saved_bytes(128)
     assert 1.8 < (m128 - m64) / (m64 - m32) < 2.2, (m32, m64, m128)
+
+
+def test_training_attention_equals_the_engine_rule():
+    """The training path (one row's context shared, exact two-part softmax, checkpointed) gives the engine's
+    attention (:func:`block_attention`, SDPA over the gathered context ++ block) on the same inputs, causal or not."""
+    from speculators.models.dflash import block_attention
+    from train.objectives.anchor_blocks import anchored_attention
+
+    torch.manual_seed(0)
+    anchors, heads, kv_heads, slots, dim, length = 5, 4, 2, 4, 8, 12
+    q = torch.randn(anchors, heads, slots, dim, requires_grad=True)
+    k, v = torch.randn(anchors, kv_heads, slots, dim), torch.randn(anchors, kv_heads, slots, dim)
+    ctx_k, ctx_v = torch.randn(kv_heads, length, dim), torch.randn(kv_heads, length, dim)
+    ends = torch.tensor([0, 3, 5, 8, 11])
+    visible = (torch.arange(length)[None] <= ends[:, None])[:, None].expand(-1, slots, -1)
+    for causal in (True, False):
+        ours = anchored_attention(q, k, v, ctx_k, ctx_v, visible, causal)
+        ref = block_attention(
+            q, k, v, ctx_k.expand(anchors, -1, -1, -1), ctx_v.expand(anchors, -1, -1, -1), visible, causal
+        )
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+        (grad,) = torch.autograd.grad(ours.square().sum(), q)
+        (grad_ref,) = torch.autograd.grad(ref.square().sum(), q)
+        torch.testing.assert_close(grad, grad_ref, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(
+        anchored_attention(q, k, v, ctx_k, ctx_v, visible, True),
+        anchored_attention(q, k, v, ctx_k, ctx_v, visible, False),
+    )

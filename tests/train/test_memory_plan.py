@@ -59,23 +59,24 @@ def test_online_mode_counts_the_verifier_as_frozen():
     assert online["params_frozen"] == offline["params_frozen"] + online["params_frozen_parts"]["verifier"]
 
 
-def test_meta_count_matches_a_real_step_on_cpu(tiny_llama_dir):
+@pytest.mark.parametrize("recipe", ["tiny_eagle3", "tiny_dflash", "tiny_dspark"])
+def test_meta_count_matches_a_real_step_on_cpu(tiny_llama_dir, recipe):
     """The same step on real CPU tensors (full rows, every token a loss token, draft vocab = full vocab so every
     target is trained): the planner's worst-case count must be within 10% of the real peak (it differs only by the
-    last 2 + j positions of each row, which no TTT step can train on)."""
+    last 2 + j positions of each row, which no TTT step or block can train on)."""
+    from speculators import algorithms
     from speculators.verifier import verifier_config_dict
 
-    config = resolved("tiny_eagle3", f"verifier.name_or_path={tiny_llama_dir}", "model.draft_vocab_size=null")
+    config = resolved(recipe, f"verifier.name_or_path={tiny_llama_dir}", "model.draft_vocab_size=null")
     verifier_config = verifier_config_dict(str(tiny_llama_dir))
-    model, draft_config = build_meta_draft(config, verifier_config, torch.float32)
+    model, draft_config, objective = build_meta_draft(config, verifier_config, torch.float32)
     head = meta_head(verifier_config, draft_config.draft_vocab_size, torch.float32)
     rows, length = int(config["train"]["micro_batch_size"]), int(config["train"]["max_length"])
     hidden = int(verifier_config["hidden_size"])
-    aux = len(draft_config.eagle_aux_hidden_state_layer_ids) * hidden
-    weights = [0.8**j for j in range(int(config["train"]["ttt_steps"]))]
+    aux = len(algorithms.get(draft_config.SPECULATORS_MODEL_TYPE).aux_layer_ids(draft_config)) * hidden
     from train.memory_plan import meta_batch
 
-    planned = trace_step(model, head, meta_batch(rows, length, aux, hidden, torch.float32), weights, 0)
+    planned = trace_step(model, head, meta_batch(rows, length, aux, hidden, torch.float32), objective)
 
     real_model = model.to_empty(device="cpu")
     torch.manual_seed(0)
@@ -99,7 +100,7 @@ def test_meta_count_matches_a_real_step_on_cpu(tiny_llama_dir):
         "aux_hidden": torch.randn(rows, length, aux),
         "last_hidden": torch.randn(rows, length, hidden),
     }
-    real = trace_step(real_model, real_head, batch, weights, 0)
+    real = trace_step(real_model, real_head, batch, objective)
     assert abs(planned - real) / real < 0.10, (planned, real)
     with LiveBytes() as tracker:  # the tracker itself sees real allocations and frees
         kept = torch.empty(1000, dtype=torch.float32)

@@ -64,6 +64,16 @@ class Objective:
         loaded over the weights (data-dependent initialisation is worth its data pass)."""
         raise NotImplementedError
 
+    def meta_model(
+        self,
+        verifier_config: dict[str, Any],
+        aux_layer_ids: list[int],
+        draft_vocab_size: int,
+        dtype: torch.dtype,
+    ) -> tuple[Any, nn.Module]:
+        """The recipe's draft config and wrapped model with meta parameters (the dry-run memory plan's)."""
+        raise NotImplementedError
+
     def plan(self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, seed: int) -> Plan:
         """Masks and sampled positions of one training micro batch (``seed``: this micro batch's own, so a
         resumed run samples exactly what it would have)."""
@@ -107,11 +117,15 @@ def objective_for(settings: TrainSettings) -> Objective:
     return _REGISTRY[settings.train.algorithm](settings)
 
 
+_LOADED: list[bool] = []  # every module of the package imported (one may have been imported directly before)
+
+
 def _load_all() -> None:
-    if _REGISTRY:
+    if _LOADED:
         return
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
+    _LOADED.append(True)
 
 
 __all__ = ["Objective", "Plan", "algorithms", "objective_for", "register"]

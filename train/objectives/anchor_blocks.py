@@ -26,12 +26,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from speculators.format.dflash_config import DFlashConfig, DSparkConfig
-from speculators.models.dflash import DFlashDraftModel, block_attention
+from speculators.models.dflash import DFlashDraftModel
 from speculators.models.dspark import DSparkDraftModel
 from speculators.vocab import DraftVocab
-from train.assemble import build_block_draft
+from train.assemble import block_draft_config, build_block_draft
 from train.data import MicroBatch
 from train.losses import StepMasks, StepTerms, soft_cross_entropy, step_masks
 from train.objectives import Objective, Plan, register
@@ -68,20 +69,21 @@ class AnchorBlockDraft(nn.Module):
         window = draft.config.sliding_window
         out: list[torch.Tensor] = []
         extras: dict[str, list[torch.Tensor]] = {}
-        for start in range(0, rows.numel(), self.anchor_chunk):
-            r, c = rows[start : start + self.anchor_chunk], cols[start : start + self.anchor_chunk]
+        causal = draft.config.block_causal
+        for r, c in row_chunks(rows, cols, self.anchor_chunk, input_ids.shape[0]):
+            row = 0 if r.is_meta else int(r[0])
             anchor_pos = position_ids[r, c] + 1
             block_ids, block_pos = draft.block_inputs(input_ids[r, c + 1], anchor_pos)
             block_ids, block_pos = block_ids[:, :slots], block_pos[:, :slots]
-            # context columns <= t of the anchor's own document
-            visible = (columns[None] <= c[:, None]) & (document_ids[r] == document_ids[r, c][:, None])
+            # context columns <= t of the anchor's own document (inside the sliding window, if any)
+            visible = (columns[None] <= c[:, None]) & (document_ids[row][None] == document_ids[r, c][:, None])
             visible = visible[:, None, :].expand(-1, slots, -1)
             if window is not None:
-                visible = visible & (position_ids[r][:, None, :] > block_pos[:, :, None] - window)
-            chunk_kv = [(k[r], v[r]) for k, v in context_kv]
+                visible = visible & (position_ids[row][None, None, :] > block_pos[:, :, None] - window)
 
-            def attend(layer_idx: int, q, k, v, kv=chunk_kv, seen=visible):
-                return block_attention(q, k, v, *kv[layer_idx], seen, draft.config.block_causal)
+            def attend(layer_idx: int, q, k, v, seen=visible, row=row):
+                ctx_k, ctx_v = context_kv[layer_idx]
+                return anchored_attention(q, k, v, ctx_k[row], ctx_v[row], seen, causal)
 
             prev_cols = (c[:, None] + torch.arange(slots, device=c.device)[None]).clamp(max=length - 1)
             prev_ids = input_ids[r[:, None], prev_cols]
@@ -92,6 +94,74 @@ class AnchorBlockDraft(nn.Module):
         if not out:
             return context.new_zeros(0, slots, draft.config.draft_vocab_size), {}
         return torch.cat(out), {name: torch.cat(values) for name, values in extras.items()}
+
+
+def row_chunks(
+    rows: torch.Tensor, cols: torch.Tensor, size: int, num_rows: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Anchors (sorted row-major) in chunks of at most ``size`` that never straddle two rows: a chunk attends to
+    ONE row's context keys, shared, never copied per anchor. (On the meta device, for the memory plan, the anchors
+    are taken as spread evenly over the rows: memory is linear in the anchors, so any split costs the same.)"""
+    if rows.is_meta:
+        per_row = -(-rows.numel() // num_rows)
+        bounds = [(start, min(start + per_row, rows.numel())) for start in range(0, rows.numel(), per_row)]
+    else:
+        counts = torch.bincount(rows, minlength=num_rows).tolist()
+        ends = torch.tensor(counts).cumsum(0).tolist()
+        bounds = [(end - count, end) for count, end in zip(counts, ends, strict=True) if count]
+    chunks = []
+    for first, last in bounds:
+        for start in range(first, last, size):
+            stop = min(start + size, last)
+            chunks.append((rows[start:stop], cols[start:stop]))
+    return chunks
+
+
+def _anchored_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context_k: torch.Tensor,
+    context_v: torch.Tensor,
+    visible: torch.Tensor,
+    causal: bool,
+) -> torch.Tensor:
+    anchors, heads, slots, dim = q.shape
+    kv_heads = k.shape[1]
+    grouped = q.view(anchors, kv_heads, heads // kv_heads, slots, dim)  # GQA without repeating k/v
+    scale = 1.0 / math.sqrt(dim)
+    on_context = torch.einsum("akgsd,kld->akgsl", grouped, context_k).float() * scale
+    on_context = on_context.masked_fill(~visible[:, None, None], float("-inf"))
+    on_block = torch.einsum("akgsd,aktd->akgst", grouped, k).float() * scale
+    if causal:
+        own = torch.ones(slots, slots, dtype=torch.bool, device=q.device).tril()
+        on_block = on_block.masked_fill(~own, float("-inf"))
+    probs = torch.softmax(torch.cat([on_context, on_block], dim=-1), dim=-1).to(v.dtype)
+    length = context_k.shape[1]
+    out = torch.einsum("akgsl,kld->akgsd", probs[..., :length], context_v)
+    out = out + torch.einsum("akgst,aktd->akgsd", probs[..., length:], v)
+    return out.reshape(anchors, heads, slots, dim)
+
+
+def anchored_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context_k: torch.Tensor,
+    context_v: torch.Tensor,
+    visible: torch.Tensor,
+    causal: bool,
+) -> torch.Tensor:
+    """Blocks of one row against that row's context: ``q [A, H, S, D]``, block ``k``/``v [A, Hkv, S, D]``, the row's
+    ``context_k``/``context_v [Hkv, L, D]`` (shared by every anchor), ``visible [A, S, L]``. Exact softmax over
+    context and block keys (fp32 scores); with gradients the chunk runs under checkpointing, so only its inputs
+    and output are kept and the ``A·S·L`` scores are recomputed in backward: memory linear in the anchors. The same
+    rule as :func:`speculators.models.dflash.block_attention` (the engine's), a test checks they agree."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or context_k.requires_grad):
+        return checkpoint(
+            _anchored_chunk, q, k, v, context_k, context_v, visible, causal, use_reentrant=False
+        )
+    return _anchored_chunk(q, k, v, context_k, context_v, visible, causal)
 
 
 @dataclass
@@ -161,6 +231,26 @@ class AnchorBlocks(Objective):
             self.settings, self.config_class, self.model_class, verifier_config, features, vocab, head
         )
         return draft.config, AnchorBlockDraft(draft, self.settings.train.anchor_chunk)
+
+    def meta_model(
+        self,
+        verifier_config: dict[str, Any],
+        aux_layer_ids: list[int],
+        draft_vocab_size: int,
+        dtype: torch.dtype,
+    ) -> tuple[Any, nn.Module]:
+        config = block_draft_config(
+            self.settings,
+            self.config_class,
+            verifier_config,
+            aux_layer_ids,
+            draft_vocab_size,
+            0,
+            "memory plan",
+        )
+        with torch.device("meta"):
+            draft = self.model_class(config).to(dtype)
+        return config, AnchorBlockDraft(draft, self.settings.train.anchor_chunk)
 
     # ---- training -------------------------------------------------------------------------------------------
     def plan(self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, seed: int) -> Plan:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from speculators.models.eagle3 import Eagle3DraftModel
 from train.assemble import build_draft, calibrate_warm_start, draft_config, scale_fc_by_feature_rms
 from train.data import MicroBatch
 from train.losses import step_masks, step_terms, step_weights
@@ -37,7 +38,7 @@ class TrainingTimeTest(Objective):
         self, verifier_config: dict[str, Any], features: Any, vocab: Any, head: TargetHead, fresh: bool
     ) -> tuple[Any, nn.Module]:
         settings, train = self.settings, self.settings.train
-        config = draft_config(settings, verifier_config, features.aux_layer_ids, vocab)
+        config = draft_config(settings, verifier_config, features.aux_layer_ids, vocab.draft_vocab_size)
         draft = build_draft(settings, config, vocab, head)
         if settings.model.fc_init == "feature_rms" and fresh:
             scale_fc_by_feature_rms(draft, features.feature_rms().to(draft.fc.weight.device))
@@ -49,6 +50,26 @@ class TrainingTimeTest(Objective):
             detach_context=train.detach_context,
             attention_backend=train.attention_backend,
             chunk_size=train.attention_chunk,
+        )
+        return config, model
+
+    def meta_model(
+        self,
+        verifier_config: dict[str, Any],
+        aux_layer_ids: list[int],
+        draft_vocab_size: int,
+        dtype: torch.dtype,
+    ) -> tuple[Any, nn.Module]:
+        settings = self.settings
+        config = draft_config(settings, verifier_config, aux_layer_ids, draft_vocab_size)
+        with torch.device("meta"):
+            draft = Eagle3DraftModel(config).to(dtype)
+        model = TTTDraft(
+            draft,
+            self.steps,
+            detach_context=settings.train.detach_context,
+            attention_backend="chunked",
+            chunk_size=settings.train.attention_chunk,
         )
         return config, model
 
