@@ -66,55 +66,67 @@ class AnchorBlockDraft(nn.Module):
         context_kv = draft.context_kv(context, position_ids)
         length = input_ids.shape[1]
         columns = torch.arange(length, device=input_ids.device)
-        window = draft.config.sliding_window
-        out: list[torch.Tensor] = []
-        extras: dict[str, list[torch.Tensor]] = {}
-        causal = draft.config.block_causal
-        for r, c in row_chunks(rows, cols, self.anchor_chunk, input_ids.shape[0]):
-            row = 0 if r.is_meta else int(r[0])
-            anchor_pos = position_ids[r, c] + 1
-            block_ids, block_pos = draft.block_inputs(input_ids[r, c + 1], anchor_pos)
-            block_ids, block_pos = block_ids[:, :slots], block_pos[:, :slots]
-            # context columns <= t of the anchor's own document (inside the sliding window, if any)
-            visible = (columns[None] <= c[:, None]) & (document_ids[row][None] == document_ids[r, c][:, None])
-            visible = visible[:, None, :].expand(-1, slots, -1)
+        window, causal = draft.config.sliding_window, draft.config.block_causal
+        block_ids, block_pos = draft.block_inputs(
+            input_ids[rows, (cols + 1).clamp(max=length - 1)], position_ids[rows, cols] + 1
+        )
+        block_ids, block_pos = block_ids[:, :slots], block_pos[:, :slots]
+        chunks = row_chunks(rows, self.anchor_chunk, input_ids.shape[0])
+
+        def visible(start: int, stop: int, row: int) -> torch.Tensor:
+            """[A, slots, L]: context columns <= t of the anchor's own document (inside the window, if any)."""
+            c = cols[start:stop]
+            seen = (columns[None] <= c[:, None]) & (document_ids[row][None] == document_ids[row, c][:, None])
+            seen = seen[:, None, :].expand(-1, slots, -1)
             if window is not None:
-                visible = visible & (position_ids[row][None, None, :] > block_pos[:, :, None] - window)
+                seen = seen & (position_ids[row][None, None, :] > block_pos[start:stop, :, None] - window)
+            return seen
 
-            def attend(layer_idx: int, q, k, v, seen=visible, row=row):
-                ctx_k, ctx_v = context_kv[layer_idx]
-                return anchored_attention(q, k, v, ctx_k[row], ctx_v[row], seen, causal)
+        def attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # every module runs once per micro batch whatever the anchor count (ZeRO-3 gathers per module call)
+            ctx_k, ctx_v = context_kv[layer_idx]
+            out = [
+                anchored_attention(
+                    q[start:stop],
+                    k[start:stop],
+                    v[start:stop],
+                    ctx_k[row],
+                    ctx_v[row],
+                    visible(start, stop, row),
+                    causal,
+                )
+                for start, stop, row in chunks
+            ]
+            return torch.cat(out) if out else q.new_zeros(q.shape)
 
-            prev_cols = (c[:, None] + torch.arange(slots, device=c.device)[None]).clamp(max=length - 1)
-            prev_ids = input_ids[r[:, None], prev_cols]
-            hidden = draft.block_hidden(block_ids, block_pos, attend)
-            out.append(draft.slot_logits(hidden, prev_ids))
-            for name, value in draft.aux_outputs(hidden, prev_ids).items():
-                extras.setdefault(name, []).append(value)
-        if not out:
-            return context.new_zeros(0, slots, draft.config.draft_vocab_size), {}
-        return torch.cat(out), {name: torch.cat(values) for name, values in extras.items()}
+        prev_cols = (cols[:, None] + torch.arange(slots, device=cols.device)[None]).clamp(max=length - 1)
+        prev_ids = input_ids[rows[:, None], prev_cols]
+        hidden = draft.block_hidden(block_ids, block_pos, attend)
+        return draft.slot_logits(hidden, prev_ids), draft.aux_outputs(hidden, prev_ids)
 
 
-def row_chunks(
-    rows: torch.Tensor, cols: torch.Tensor, size: int, num_rows: int
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Anchors (sorted row-major) in chunks of at most ``size`` that never straddle two rows: a chunk attends to
-    ONE row's context keys, shared, never copied per anchor. (On the meta device, for the memory plan, the anchors
-    are taken as spread evenly over the rows: memory is linear in the anchors, so any split costs the same.)"""
+def row_chunks(rows: torch.Tensor, size: int, num_rows: int) -> list[tuple[int, int, int]]:
+    """``(start, stop, row)`` chunks of at most ``size`` anchors (sorted row-major) that never straddle two rows: a
+    chunk attends to ONE row's context keys, shared, never copied per anchor. (On the meta device, for the memory
+    plan, the anchors are taken as spread evenly over the rows: memory is linear in the anchors, so any split costs
+    the same.)"""
+    total = rows.numel()
     if rows.is_meta:
-        per_row = -(-rows.numel() // num_rows)
-        bounds = [(start, min(start + per_row, rows.numel())) for start in range(0, rows.numel(), per_row)]
+        per_row = -(-total // num_rows) if total else 1
+        bounds = [(start, min(start + per_row, total), 0) for start in range(0, total, per_row)]
     else:
         counts = torch.bincount(rows, minlength=num_rows).tolist()
         ends = torch.tensor(counts).cumsum(0).tolist()
-        bounds = [(end - count, end) for count, end in zip(counts, ends, strict=True) if count]
-    chunks = []
-    for first, last in bounds:
-        for start in range(first, last, size):
-            stop = min(start + size, last)
-            chunks.append((rows[start:stop], cols[start:stop]))
-    return chunks
+        bounds = [
+            (end - count, end, row)
+            for row, (count, end) in enumerate(zip(counts, ends, strict=True))
+            if count
+        ]
+    return [
+        (start, min(start + size, last), row)
+        for first, last, row in bounds
+        for start in range(first, last, size)
+    ]
 
 
 def _anchored_chunk(
