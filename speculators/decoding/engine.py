@@ -276,10 +276,9 @@ class SpeculativeDecoder:
         self.draft = draft.eval()
         self.config = config or DecodingConfig()
         self.sampler = sampler or RejectionSampler()
-        algorithm = algorithm_of(draft)
+        self.check(draft, self.config)
         self.drafter_class = drafter_class(draft)
-        self.aux_layer_ids = algorithm.aux_layer_ids(draft.config)
-        self._check_method(algorithm.name)
+        self.aux_layer_ids = algorithm_of(draft).aux_layer_ids(draft.config)
         verifier_vocab = verifier.get_output_embeddings().weight.shape[0]
         if draft.config.vocab_size != verifier_vocab:
             raise ValueError(
@@ -287,19 +286,21 @@ class SpeculativeDecoder:
                 f"has {verifier_vocab}; pass the verifier the draft was trained against"
             )
 
-    def _check_method(self, name: str) -> None:
-        """Refuse what this draft cannot do before any prefill: trees for block drafters, chains longer than a
+    @staticmethod
+    def check(draft: DraftModel, config: DecodingConfig) -> None:
+        """Refuse what this draft cannot do, before any prefill: trees for block drafters, chains longer than a
         block."""
-        cfg = self.config
-        if cfg.method == "tree" and not self.drafter_class.supports_tree:
+        name = algorithm_of(draft).name
+        drafter = drafter_class(draft)
+        if config.method == "tree" and not drafter.supports_tree:
             raise ValueError(
                 f"tree drafting is not supported for {name} drafts (one forward proposes one chain): use method "
                 "'chain' (speculators eval: drop --tree)"
             )
-        most = self.drafter_class.max_k(self.draft.config)
-        if cfg.method == "chain" and most is not None and cfg.num_speculative_tokens > most:
+        most = drafter.max_k(draft.config)
+        if config.method == "chain" and most is not None and config.num_speculative_tokens > most:
             raise ValueError(
-                f"k={cfg.num_speculative_tokens} drafts per step, but this {name} draft proposes at most {most} "
+                f"k={config.num_speculative_tokens} drafts per step, but this {name} draft proposes at most {most} "
                 "(its draft slots) in one block"
             )
 
