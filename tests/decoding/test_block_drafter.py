@@ -198,6 +198,34 @@ def test_trees_and_overlong_chains_are_refused(verifier):
         SpeculativeDecoder(verifier, draft, DecodingConfig(num_speculative_tokens=5))
 
 
+# ---- a draft fitted to the verifier ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fitted_dflash(tiny_llama, chat_prompts):
+    """A causal DFlash draft (4 draft slots) briefly fitted to the tiny Llama's greedy continuations of the first 8
+    shipped prompts: mostly accepted on those, less on the others."""
+    from tests.support.quickfit_block import fit_block_draft
+
+    draft, losses = fit_block_draft(tiny_llama, chat_prompts[:8], block_size=5, block_causal=True, steps=300)
+    assert losses[-1] < losses[0] / 4, losses[::50]
+    return draft
+
+
+def test_fitted_block_draft_is_accepted_and_lossless(tiny_llama, fitted_dflash, chat_prompts):
+    """A draft trained to copy the verifier is accepted (AL well above 1, every slot sometimes), rows of a batch
+    accept different numbers of tokens, and the output is still exactly plain greedy decoding."""
+    prompts = chat_prompts[4:12]  # half seen in fitting, half not
+    expected = [plain_generate(tiny_llama, [p], 32).tokens[0] for p in prompts]
+    result = SpeculativeDecoder(
+        tiny_llama, fitted_dflash, DecodingConfig(num_speculative_tokens=4, max_new_tokens=32)
+    )
+    result = result.generate(prompts)
+    assert result.tokens == expected
+    summary = result.stats.summary()
+    assert summary["acceptance_length_global"] > 2.0, summary
+    assert all(rate > 0 for rate in summary["per_position_acceptance_unconditional"]), summary
+    assert mixed_acceptance(result.stats.accepted), result.stats.accepted
+
+
 # ---- the deterministic agreeing pair --------------------------------------------------------------------------
 def agreeing_pair(verifier, token_counts: torch.Tensor):
     """A verifier whose final norm is zero always emits token 0; a draft whose norm is zero has all-zero logits, so
