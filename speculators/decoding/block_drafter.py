@@ -167,17 +167,14 @@ class BlockDrafter:
         return chain_tree(root, self.target_ids[choice], proposals)
 
     def tree(self, *args: Any, **kwargs: Any) -> DraftTree:
-        raise ValueError(block_tree_error(self.config))
+        """Refused (``supports_tree`` is False; the engine says so before decoding): one block is one chain."""
+        raise ValueError(
+            f"tree drafting is not supported for block drafters ({self.config.SPECULATORS_MODEL_TYPE}): one "
+            "forward proposes one chain; use method 'chain'"
+        )
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
-
-
-def block_tree_error(config: Any) -> str:
-    return (
-        f"tree drafting is not supported for block drafters ({config.SPECULATORS_MODEL_TYPE}): one forward "
-        "proposes one chain; use method 'chain' (speculators eval: drop --tree)"
-    )
 
 
 __all__ = ["BlockDrafter", "ContextCache"]

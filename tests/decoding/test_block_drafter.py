@@ -15,7 +15,7 @@ import copy
 
 import pytest
 import torch
-from conftest import random_dflash_draft, tiny_model
+from conftest import tiny_model
 from test_lossless import FAIL_P, NEW, PASS_P, PROMPT, ROWS, VOCAB, AcceptAlways, exact_joint, p_value
 
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, plain_generate
@@ -23,6 +23,7 @@ from speculators.decoding.block_drafter import BlockDrafter
 from speculators.decoding.drafter import Segment
 from speculators.models.dflash import block_attention
 from speculators.verifier import capture_aux_states
+from tests.support.dflash_drafts import random_dflash_draft
 
 SMALL_VOCAB = 32
 GREEDY_NEW = 24
@@ -196,6 +197,9 @@ def test_trees_and_overlong_chains_are_refused(verifier):
         SpeculativeDecoder(verifier, draft, DecodingConfig(method="tree"))
     with pytest.raises(ValueError, match="at most 4"):
         SpeculativeDecoder(verifier, draft, DecodingConfig(num_speculative_tokens=5))
+    draft.config.sample_from_anchor = True  # a layout vLLM does not serve: refused, not guessed at
+    with pytest.raises(ValueError, match="sample_from_anchor"):
+        SpeculativeDecoder(verifier, draft, DecodingConfig(num_speculative_tokens=4)).generate([[1, 2]])
 
 
 # ---- a draft fitted to the verifier ---------------------------------------------------------------------------

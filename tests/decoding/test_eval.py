@@ -179,7 +179,8 @@ def test_cli_prompt_cap_reaches_the_results(exported_draft, tmp_path):
 def exported_dflash(tmp_path_factory, tiny_llama, tiny_llama_dir):
     """A random bidirectional DFlash draft (block 4: three draft slots) saved for the tiny Llama."""
     import torch
-    from conftest import random_dflash_draft
+
+    from tests.support.dflash_drafts import random_dflash_draft
 
     draft = random_dflash_draft(tiny_llama, block_size=4, block_causal=False)
     draft.config.speculators_config.verifier.name_or_path = str(tiny_llama_dir)
@@ -223,10 +224,10 @@ def test_api_reports_full_acceptance_of_an_agreeing_dflash_draft(tmp_path, tiny_
     """The deterministic pair (verifier and draft with zeroed final norms, d2t[0] = 0) through ``evaluate``: every
     drafted token is accepted, so AL = draft_slots + 1 and every per-position rate is 1."""
     import torch
-    from conftest import random_dflash_draft
 
     from speculators.eval import evaluate
     from speculators.eval.evaluation import EvalSettings
+    from tests.support.dflash_drafts import random_dflash_draft
 
     verifier = copy.deepcopy(tiny_llama)
     draft = random_dflash_draft(verifier, block_size=5, block_causal=True)
