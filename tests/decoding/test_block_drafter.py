@@ -319,3 +319,21 @@ def test_broken_rule_is_detected_with_block_drafts(sampling_pair):
     joint = exact_joint(sampling_pair[0], BLOCK_SAMPLING.temperature, BLOCK_SAMPLING.top_p)
     tokens, _ = sample_rows(sampling_pair, BLOCK_SAMPLING, AcceptAlways())
     assert min(p_value(tokens, joint, positions) for positions in [(0, 1, 2), (2, 3)]) < FAIL_P
+
+
+def test_qwen3_verifier(tiny_qwen3_dir, chat_prompts):
+    """A Qwen3 verifier (per-head q/k norms) with a block draft: lossless, and the agreeing pair accepts all."""
+    from speculators.verifier import load_verifier
+
+    verifier = load_verifier(str(tiny_qwen3_dir), dtype="float32")[0]
+    prompts = chat_prompts[:4]
+    expected = [plain_generate(verifier, [p], 16).tokens[0] for p in prompts]
+    draft = random_dflash_draft(verifier, block_size=5, block_causal=False)
+    decoder = SpeculativeDecoder(verifier, draft, DecodingConfig(num_speculative_tokens=3, max_new_tokens=16))
+    assert decoder.generate(prompts).tokens == expected
+    verifier, draft = copy.deepcopy(verifier), copy.deepcopy(draft)
+    with torch.no_grad():
+        verifier.model.norm.weight.zero_()
+        draft.norm.weight.zero_()
+    summary = SpeculativeDecoder(verifier, draft, DecodingConfig(num_speculative_tokens=4, max_new_tokens=16))
+    assert summary.generate(prompts[:2]).stats.summary()["acceptance_length_global"] == pytest.approx(5.0)
