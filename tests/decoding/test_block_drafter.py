@@ -7,6 +7,7 @@
   at P (so the incremental context cache, its holes, positions and sliding window are checked, not just survived).
 * Sampling is lossless (the chi-square harness of test_lossless.py) and a broken rule is caught with this draft too.
 * The deterministic agreeing pair: every proposal accepted (AL = k + 1), or none with a shifted vocabulary mapping.
+* A draft briefly fitted to the verifier is accepted at every slot (test_vllm_crosscheck.py: exactly as in vLLM).
 """
 
 from __future__ import annotations
