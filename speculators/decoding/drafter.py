@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -45,6 +46,8 @@ class Segment:
 class Drafter:
     """Owns the draft's KV cache for one batch and turns confirmed segments into chains or trees."""
 
+    supports_tree = True
+
     def __init__(self, draft: Eagle3DraftModel, batch: int, device: torch.device) -> None:
         self.draft = draft
         self.cache = DraftCache(draft.config.num_layers, batch, device)
@@ -53,6 +56,17 @@ class Drafter:
         self.target_ids = draft.draft_to_target(torch.arange(draft.config.draft_vocab_size, device=device))
         self.seconds = 0.0  # time inside draft forwards (for the bench's bound)
         self.forwards = 0
+
+    # ---- what the engine asks before decoding --------------------------------------------------------------
+    @staticmethod
+    def max_k(config: Any) -> int | None:
+        """No limit: every step is one more forward."""
+        return None
+
+    @staticmethod
+    def default_k(config: Any) -> int:
+        """The chain length ``speculators eval`` runs when none is given (what vLLM's EAGLE-3 examples use)."""
+        return 3
 
     # ---- model calls ---------------------------------------------------------------------------------------
     def _forward(

@@ -18,18 +18,20 @@ import time
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from speculators.decoding.cache import VerifierCache
-from speculators.decoding.drafter import Drafter, Segment
+from speculators.decoding.drafter import Segment
+from speculators.decoding.drafters import algorithm_of, drafter_class
 from speculators.decoding.lean import LeanForward, lean_supported
 from speculators.decoding.metrics import DecodingStats
 from speculators.decoding.sampling import sample, target_probs
 from speculators.decoding.tree import DraftTree
 from speculators.decoding.verify import RejectionSampler, Verdict, verify_greedy
-from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.models.draft import DraftModel
 from speculators.verifier import capture_aux_states, check_aux_layer_ids, decoder_layers
 
 
@@ -259,12 +261,14 @@ def plain_generate(
 
 # ---- speculative decoding -------------------------------------------------------------------------------------
 class SpeculativeDecoder:
-    """A verifier (HF causal LM) and an EAGLE-3 draft; ``generate`` decodes one batch of tokenised prompts."""
+    """A verifier (HF causal LM) and a draft of any registered algorithm; ``generate`` decodes one batch of
+    tokenised prompts. The draft's algorithm unit names the aux layers it reads and how it drafts (sequential
+    steps or one block: :mod:`speculators.decoding.drafters`)."""
 
     def __init__(
         self,
         verifier: nn.Module,
-        draft: Eagle3DraftModel,
+        draft: DraftModel,
         config: DecodingConfig | None = None,
         sampler: RejectionSampler | None = None,
     ) -> None:
@@ -272,12 +276,32 @@ class SpeculativeDecoder:
         self.draft = draft.eval()
         self.config = config or DecodingConfig()
         self.sampler = sampler or RejectionSampler()
-        self.aux_layer_ids = list(draft.config.eagle_aux_hidden_state_layer_ids)
+        self.check(draft, self.config)
+        self.drafter_class = drafter_class(draft)
+        self.aux_layer_ids = algorithm_of(draft).aux_layer_ids(draft.config)
         verifier_vocab = verifier.get_output_embeddings().weight.shape[0]
         if draft.config.vocab_size != verifier_vocab:
             raise ValueError(
                 f"the draft was built for a {draft.config.vocab_size}-token verifier vocabulary but this verifier "
                 f"has {verifier_vocab}; pass the verifier the draft was trained against"
+            )
+
+    @staticmethod
+    def check(draft: DraftModel, config: DecodingConfig) -> None:
+        """Refuse what this draft cannot do, before any prefill: trees for block drafters, chains longer than a
+        block."""
+        name = algorithm_of(draft).name
+        drafter = drafter_class(draft)
+        if config.method == "tree" and not drafter.supports_tree:
+            raise ValueError(
+                f"tree drafting is not supported for {name} drafts (one forward proposes one chain): use method "
+                "'chain' (speculators eval: drop --tree)"
+            )
+        most = drafter.max_k(draft.config)
+        if config.method == "chain" and most is not None and config.num_speculative_tokens > most:
+            raise ValueError(
+                f"k={config.num_speculative_tokens} drafts per step, but this {name} draft proposes at most {most} "
+                "(its draft slots) in one block"
             )
 
     @torch.inference_mode()
@@ -290,7 +314,7 @@ class SpeculativeDecoder:
         cfg = self.config
         start = time.perf_counter()
         runner = VerifierRunner(self.verifier, len(prompts), self.aux_layer_ids)
-        drafter = Drafter(self.draft, len(prompts), runner.device)
+        drafter = self.drafter_class(self.draft, len(prompts), runner.device)
         outputs = _Outputs(len(prompts), cfg.max_new_tokens, eos_token_ids)
         logits, ids, valid = runner.prefill(prompts)
         root = _pick(logits[:, -1], cfg.temperature, cfg.top_p, generator)
@@ -330,7 +354,7 @@ class SpeculativeDecoder:
         return GenerationResult(tokens=outputs.tokens, stats=stats)
 
     def _draft(
-        self, drafter: Drafter, segment: Segment, root: torch.Tensor, generator: torch.Generator | None
+        self, drafter: Any, segment: Segment, root: torch.Tensor, generator: torch.Generator | None
     ) -> DraftTree:
         cfg = self.config
         if cfg.method == "chain":

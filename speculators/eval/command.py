@@ -30,7 +30,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "when even its first does not (applied before --max-prompts)",
     )
     parser.add_argument(
-        "-k", "--k", type=int, nargs="*", default=[3], help="chain lengths to run (default: 3)"
+        "-k",
+        "--k",
+        type=int,
+        nargs="*",
+        help="chain lengths to run (default: 3 for EAGLE-3, the whole block for a block draft such as DFlash)",
     )
     parser.add_argument("--tree", action="store_true", help="also run an EAGLE-2 tree")
     parser.add_argument(
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
 
     settings = EvalSettings(
-        ks=list(args.k),
+        ks=list(args.k) if args.k else None,
         tree=TreeSettings(args.tree_topk, args.tree_depth, args.tree_budget) if args.tree else None,
         temperature=args.temperature,
         top_p=args.top_p,

@@ -5,6 +5,11 @@ baseline of the verifier first, then speculative decoding for each requested cha
 tree), so "speedup" compares like with like. In greedy mode the speculative outputs must equal the plain ones; the
 fraction that do is reported (``matches_plain``) as a free end-to-end correctness check. Optionally the same token
 prompts go through vLLM with the same draft and k, and vLLM's own acceptance counters are reported beside ours.
+
+Any registered draft type evaluates the same way: the draft is loaded through its algorithm unit
+(``speculators.algorithms``), the engine drafts with the drafter its ``drafting`` names, and vLLM is configured by
+the unit's ``vllm_speculative_config``. Without explicit ``ks``, a sequential draft (EAGLE-3) runs k = 3 and a block
+draft (DFlash) its whole block (``draft_slots``); block drafts have no tree.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import platform
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,8 +26,9 @@ import torch
 
 from speculators.atomic import atomic_write_json
 from speculators.decoding import DecodingConfig, DecodingStats, SpeculativeDecoder, eos_ids, plain_generate
+from speculators.decoding.drafters import default_k
 from speculators.eval.prompts import Messages, load_prompts, select_prompts
-from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.models.draft import DraftModel
 
 RESULTS_NAME = "results.json"
 PLOT_NAME = "acceptance.png"
@@ -37,9 +43,10 @@ class TreeSettings:
 
 @dataclass
 class EvalSettings:
-    """What to run. ``ks``: chain lengths (one run each, and the acceptance-vs-k curve); ``tree``: one tree run."""
+    """What to run. ``ks``: chain lengths (one run each, and the acceptance-vs-k curve; ``None``: the draft's
+    default, see the module docstring); ``tree``: one tree run."""
 
-    ks: list[int] = field(default_factory=lambda: [3])
+    ks: list[int] | None = None
     tree: TreeSettings | None = None
     temperature: float = 0.0
     top_p: float = 1.0
@@ -51,11 +58,15 @@ class EvalSettings:
     compare_plain: bool = True
     vllm: bool = False
 
+    def for_draft(self, draft: DraftModel) -> EvalSettings:
+        """These settings with ``ks`` filled in from the draft when none were given."""
+        return self if self.ks else replace(self, ks=[default_k(draft)])
+
     def configs(self) -> list[tuple[str, DecodingConfig]]:
         common = dict(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens)
         runs = [
             (f"chain-k{k}", DecodingConfig(method="chain", num_speculative_tokens=k, **common))
-            for k in self.ks
+            for k in self.ks or []
         ]
         if self.tree is not None:
             t = self.tree
@@ -73,13 +84,14 @@ class EvalSettings:
         return runs
 
 
-def load_draft(source: Path, dtype: torch.dtype = torch.float32) -> tuple[Eagle3DraftModel, Path]:
-    """A draft from an exported directory, a trainer ``step-<N>`` checkpoint (its ``draft/``), or a run directory
-    (its best checkpoint by acceptance, else the latest)."""
+def load_draft(source: Path, dtype: torch.dtype = torch.float32) -> tuple[DraftModel, Path]:
+    """A draft of any registered type from an exported directory, a trainer ``step-<N>`` checkpoint (its
+    ``draft/``), or a run directory (its best checkpoint by acceptance, else the latest)."""
+    from speculators import algorithms
     from speculators.runs import resolve_draft_dir
 
     draft_dir = resolve_draft_dir(source)
-    return Eagle3DraftModel.from_pretrained(draft_dir, dtype=dtype), draft_dir
+    return algorithms.load_draft(draft_dir, dtype=dtype), draft_dir
 
 
 def _run_batches(
@@ -112,7 +124,7 @@ class EvalInputs:
     """What one evaluation decodes with: the draft (in the verifier's device and dtype), the verifier, and the
     selected prompts as token ids."""
 
-    draft: Eagle3DraftModel
+    draft: DraftModel
     draft_dir: Path | None  # None: passed in memory (vLLM then has nothing to load)
     verifier_name: str
     model: Any
@@ -124,7 +136,7 @@ class EvalInputs:
 
 
 def evaluate(
-    draft: Path | Eagle3DraftModel,
+    draft: Path | DraftModel,
     verifier: str | VerifierPair | None = None,
     prompts: Path | list[Messages] | None = None,
     settings: EvalSettings | None = None,
@@ -138,6 +150,8 @@ def evaluate(
     dict; with ``output_dir`` also writes ``results.json`` and ``acceptance.png`` there."""
     settings = settings or EvalSettings()
     inputs = load_inputs(draft, verifier, prompts, settings, dtype, device)
+    settings = settings.for_draft(inputs.draft)
+    check_settings(inputs.draft, settings)
     plain_generate(
         inputs.model, inputs.token_prompts[:1], max_new_tokens=2
     )  # first-call costs stay out of timings
@@ -160,8 +174,15 @@ def evaluate(
     return results
 
 
+def check_settings(draft: DraftModel, settings: EvalSettings) -> None:
+    """Refuse a run this draft cannot do (a tree or too long a chain for a block draft) before any decoding,
+    with the engine's own message."""
+    for _, config in settings.configs():
+        SpeculativeDecoder.check(draft, config)
+
+
 def load_inputs(
-    draft: Path | Eagle3DraftModel,
+    draft: Path | DraftModel,
     verifier: str | VerifierPair | None,
     prompts: Path | list[Messages] | None,
     settings: EvalSettings,
@@ -172,7 +193,7 @@ def load_inputs(
     prompts that fit ``settings.max_prompt_tokens``, up to ``settings.max_prompts``."""
     from speculators.verifier import load_verifier
 
-    draft_model, draft_dir = (draft, None) if isinstance(draft, Eagle3DraftModel) else load_draft(draft)
+    draft_model, draft_dir = (draft, None) if isinstance(draft, DraftModel) else load_draft(draft)
     if verifier is None:
         verifier = draft_model.config.speculators_config.verifier.name_or_path
     if isinstance(verifier, tuple):
@@ -344,12 +365,9 @@ def _vllm_runs(
     dtype: str = "float32",
 ) -> dict[str, Any]:
     """The same token prompts, k and max_new_tokens through vLLM (chains only; vLLM has no EAGLE-2 tree here)."""
-    from speculators.serving.vllm_bridge import (
-        VllmRequest,
-        eagle3_speculative_config,
-        run_vllm,
-        vllm_available,
-    )
+    from speculators import algorithms
+    from speculators.format.checkpoint import read_config
+    from speculators.serving.vllm_bridge import VllmRequest, run_vllm, vllm_available
     from speculators.verifier import resolve_verifier_path
 
     if draft_dir is None:
@@ -363,9 +381,12 @@ def _vllm_runs(
         )
     verifier_path = resolve_verifier_path(verifier_name)
     # just what the prompts need: vLLM refuses a max_model_len beyond the verifier's max_position_embeddings
-    max_model_len = max(map(len, prompts)) + settings.max_new_tokens + max(settings.ks) + 16
+    ks = settings.ks or []
+    max_model_len = max(map(len, prompts)) + settings.max_new_tokens + max(ks, default=0) + 16
     # vLLM without a draft first, on the same prompts: the baseline for its tokens/s with the draft.
-    chains = [(f"chain-k{k}", eagle3_speculative_config(draft_dir, k)) for k in settings.ks]
+    config = read_config(draft_dir)
+    algorithm = algorithms.of_config(config)
+    chains = [(f"chain-k{k}", algorithm.vllm_speculative_config(draft_dir, config, k)) for k in ks]
     baseline = [("plain", None)] if settings.compare_plain else []
     requests = [
         VllmRequest(

@@ -172,3 +172,72 @@ def test_cli_prompt_cap_reaches_the_results(exported_draft, tmp_path):
     assert results["prompts"]["count"] == 2 and results["prompts"]["max_prompt_tokens"] == 48
     assert results["prompts"]["skipped_too_long"] == 2 and results["prompts"]["shortened_to_fit"] == 0
     assert results["prompts"]["mean_prompt_tokens"] <= 48
+
+
+# ---- block drafts (DFlash) ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def exported_dflash(tmp_path_factory, tiny_llama, tiny_llama_dir):
+    """A random bidirectional DFlash draft (block 4: three draft slots) saved for the tiny Llama."""
+    import torch
+
+    from tests.support.dflash_drafts import random_dflash_draft
+
+    draft = random_dflash_draft(tiny_llama, block_size=4, block_causal=False)
+    draft.config.speculators_config.verifier.name_or_path = str(tiny_llama_dir)
+    return draft.save_pretrained(tmp_path_factory.mktemp("drafts") / "dflash", dtype=torch.float32)
+
+
+def test_cli_evaluates_a_dflash_draft_over_its_whole_block_by_default(exported_dflash, tmp_path, capsys):
+    out = tmp_path / "eval"
+    args = ["eval", str(exported_dflash), "--max-prompts", "4", "--max-new-tokens", "12", "--batch-size", "2"]
+    assert main([*args, "--output", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["ks"] == [3]
+    (run,) = results["runs"]
+    assert run["name"] == "chain-k3" and run["k"] == 3 and run["matches_plain"] == 1.0
+    assert len(run["per_position_acceptance_conditional"]) == 3
+    assert run["speedup"] > 0 and run["tokens_per_s"] > 0 and run["acceptance_length_global"] >= 1.0
+    assert (
+        run["draft_forwards"] == run["verifier_forwards"] - 2
+    )  # one per verify step (2 batches: 2 prefills)
+    assert "chain-k3" in capsys.readouterr().out
+
+
+def test_block_drafts_refuse_trees_and_chains_longer_than_the_block(exported_dflash, tmp_path):
+    base = [
+        "eval",
+        str(exported_dflash),
+        "--max-prompts",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--output",
+        str(tmp_path),
+    ]
+    with pytest.raises(ValueError, match="tree drafting is not supported for dflash"):
+        main([*base, "--tree"])
+    with pytest.raises(ValueError, match="at most 3"):
+        main([*base, "--k", "4"])
+
+
+def test_api_reports_full_acceptance_of_an_agreeing_dflash_draft(tmp_path, tiny_llama, smollm2_tokenizer):
+    """The deterministic pair (verifier and draft with zeroed final norms, d2t[0] = 0) through ``evaluate``: every
+    drafted token is accepted, so AL = draft_slots + 1 and every per-position rate is 1."""
+    import torch
+
+    from speculators.eval import evaluate
+    from speculators.eval.evaluation import EvalSettings
+    from tests.support.dflash_drafts import random_dflash_draft
+
+    verifier = copy.deepcopy(tiny_llama)
+    draft = random_dflash_draft(verifier, block_size=5, block_causal=True)
+    with torch.no_grad():
+        verifier.model.norm.weight.zero_()
+        draft.norm.weight.zero_()
+    draft_dir = draft.save_pretrained(tmp_path / "dflash", dtype=torch.float32)
+    settings = EvalSettings(max_new_tokens=12, max_prompts=2, batch_size=2)
+    results = evaluate(draft_dir, (verifier, smollm2_tokenizer), settings=settings)
+    (run,) = results["runs"]
+    assert run["name"] == "chain-k4" and run["matches_plain"] == 1.0
+    assert run["acceptance_length_global"] == pytest.approx(5.0)
+    assert run["per_position_acceptance_unconditional"] == [1.0] * 4

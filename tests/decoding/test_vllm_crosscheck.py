@@ -2,7 +2,8 @@
 
 The verifier is a small random Llama that vLLM's CPU attention accepts (head_dim 64) and the draft is fitted to it
 briefly, so acceptance is neither 0 nor 100% and differs between prompts. Both engines get the same token prompts
-via ``speculators eval --vllm`` (the ``evaluate`` API), which also exercises that option end to end."""
+via ``speculators eval --vllm`` (the ``evaluate`` API), which also exercises that option end to end. The same holds
+for a DFlash (block) draft fitted to the same verifier, causal and bidirectional, with k below its block too."""
 
 from __future__ import annotations
 
@@ -59,6 +60,15 @@ def test_acceptance_length_matches_vllm(served_pair, tmp_path):
     verifier_dir, draft_dir = served_pair
     settings = EvalSettings(ks=KS, max_new_tokens=32, max_prompts=12, batch_size=4, vllm=True)
     results = evaluate(draft_dir, str(verifier_dir), settings=settings, output_dir=tmp_path, dtype="float32")
+    assert_agrees_with_vllm(results)
+    # vLLM without the draft ran on the same prompts: the baseline of the tokens/s comparison.
+    assert (
+        results["vllm"]["plain"]["tokens_per_s"] > 0 and results["vllm"]["plain"]["acceptance_length"] is None
+    )
+
+
+def assert_agrees_with_vllm(results: dict) -> None:
+    """Every run's acceptance (overall and per position) and outputs equal vLLM's for the same k."""
     for run in results["runs"]:
         theirs = results["vllm"][run["name"]]
         ours = run["acceptance_length_global"]
@@ -76,7 +86,25 @@ def test_acceptance_length_matches_vllm(served_pair, tmp_path):
         )
         assert all(abs(a - b) <= TOLERANCE for a, b in per_position), (run, theirs)
         assert theirs["speedup_vs_vllm_plain"] > 0
-    # vLLM without the draft ran on the same prompts: the baseline of the tokens/s comparison.
-    assert (
-        results["vllm"]["plain"]["tokens_per_s"] > 0 and results["vllm"]["plain"]["acceptance_length"] is None
-    )
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_dflash_acceptance_matches_vllm(served_pair, chat_prompts, tmp_path, causal):
+    """A DFlash draft (4 draft slots) fitted to the same verifier: our block drafting equals vLLM's, with the whole
+    block (k = 4) and with fewer slots than it has (k = 2: vLLM then runs a block of 1 + k slots)."""
+    from speculators.eval.evaluation import EvalSettings, evaluate
+    from speculators.serving.vllm_bridge import vllm_available
+    from speculators.verifier import load_verifier
+    from tests.support.quickfit_block import fit_block_draft
+
+    require_consumer(vllm_available(), "the vLLM virtualenv", "vllm-env")
+    verifier_dir, _ = served_pair
+    verifier = load_verifier(str(verifier_dir), dtype="float32")[0]
+    with single_thread():
+        draft, _ = fit_block_draft(
+            verifier, chat_prompts[:8], str(verifier_dir), block_size=5, block_causal=causal, steps=300
+        )
+    draft_dir = draft.save_pretrained(tmp_path / "dflash", dtype=torch.float32)
+    settings = EvalSettings(ks=[4, 2], max_new_tokens=32, max_prompts=12, batch_size=4, vllm=True)
+    results = evaluate(draft_dir, str(verifier_dir), settings=settings, dtype="float32")
+    assert_agrees_with_vllm(results)
