@@ -122,8 +122,8 @@ class BlockDrafter:
         context = self.draft.project_context(segment.features.to(self.dtype))
         self.cache.append(self.draft.context_kv(context, segment.positions), segment.valid, segment.positions)
 
-    def block_logits(self, root: torch.Tensor, root_position: torch.Tensor, k: int) -> torch.Tensor:
-        """Draft-vocab logits ``[B, k, Vd]`` of the block ``[root, mask × k]`` at ``root_position``."""
+    def block_hidden(self, root: torch.Tensor, root_position: torch.Tensor, k: int) -> torch.Tensor:
+        """The draft slots' final hidden states ``[B, k, H]`` of the block ``[root, mask × k]`` at ``root_position``."""
         ids, positions = self.draft.block_inputs(root, root_position)
         ids, positions = ids[:, : 1 + k], positions[:, : 1 + k]
         visible = self.cache.visible(positions, self.config.sliding_window)
@@ -133,7 +133,41 @@ class BlockDrafter:
             context_k, context_v = self.cache.layer(layer)
             return block_attention(q, k_, v, context_k, context_v, visible, causal)
 
-        return self.draft(ids, positions, attend)[:, 1 : 1 + k]
+        return self.draft.block_hidden(ids, positions, attend)[:, 1 : 1 + k]
+
+    def choose(
+        self,
+        hidden: torch.Tensor,
+        root: torch.Tensor,
+        temperature: float,
+        top_p: float,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft ids ``[B, k]`` and (T > 0) each slot's tempered draft distribution ``[B, k, Vd]``.
+
+        A draft whose logits depend on the token before each slot (DSpark's Markov bias: ``markov_bias`` true)
+        is read slot by slot, each slot's bias from the token drafted before it (the root for the first); the
+        backbone still ran once. Otherwise every slot is read at once."""
+        if getattr(self.draft, "markov_bias", False):
+            prev, choices, dists = root, [], []
+            for slot in range(hidden.shape[1]):
+                slot_logits = self.draft.slot_logits(hidden[:, slot], prev)
+                choice, dist = self._pick(slot_logits, temperature, top_p, generator)
+                choices.append(choice)
+                dists.append(dist)
+                prev = self.target_ids[choice]
+            stacked = torch.stack(dists, dim=1) if temperature > 0 else None
+            return torch.stack(choices, dim=1), stacked
+        return self._pick(self.draft.slot_logits(hidden), temperature, top_p, generator)
+
+    @staticmethod
+    def _pick(
+        logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if temperature > 0:
+            q_draft = target_probs(logits, temperature, top_p)
+            return sample(q_draft, generator), q_draft
+        return logits.argmax(dim=-1), None
 
     def chain(
         self,
@@ -153,15 +187,12 @@ class BlockDrafter:
         self.read_segment(segment)
         # the root follows the last confirmed position of its row
         root_position = segment.positions.gather(1, segment.last[:, None])[:, 0] + 1
-        logits = self.block_logits(root, root_position, k)
+        hidden = self.block_hidden(root, root_position, k)
+        choice, q_draft = self.choose(hidden, root, temperature, top_p, generator)
         proposals = None
-        if temperature > 0:
-            q_draft = target_probs(logits, temperature, top_p)  # [B, k, Vd]
-            choice = sample(q_draft, generator)
+        if q_draft is not None:  # [B, k, Vd] -> the verifier vocabulary
             proposals = q_draft.new_zeros(*q_draft.shape[:2], self.vocab_size)
             proposals[:, :, self.target_ids] = q_draft
-        else:
-            choice = logits.argmax(dim=-1)
         self.seconds += time.perf_counter() - start
         self.forwards += 1
         return chain_tree(root, self.target_ids[choice], proposals)

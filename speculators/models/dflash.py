@@ -63,6 +63,7 @@ class DFlashDraftModel(DraftModel):
     """A DFlash draft whose parameter names are exactly the checkpoint's (unprefixed)."""
 
     config_class = DFlashConfig
+    markov_bias = False  # slot logits do not depend on the previous slot's token (DSpark's do)
 
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()

@@ -52,6 +52,9 @@ class DSparkDraftModel(DFlashDraftModel):
     """A DSpark draft whose parameter names are exactly the checkpoint's (unprefixed)."""
 
     config_class = DSparkConfig
+    markov_bias = (
+        True  # each slot's logits depend on the token drafted before it (the engine reads slot by slot)
+    )
 
     def __init__(self, config: DSparkConfig) -> None:
         super().__init__(config)

@@ -87,11 +87,12 @@ def recording_drafter(made: list[BlockDrafter]) -> type[BlockDrafter]:
             ] = []  # (row, root, its position, logits [k, Vd])
             made.append(self)
 
-        def block_logits(self, root, root_position, k):
-            logits = super().block_logits(root, root_position, k)
+        def block_hidden(self, root, root_position, k):
+            hidden = super().block_hidden(root, root_position, k)
+            logits = self.draft.slot_logits(hidden)
             for i, row in enumerate(self.rows):
                 self.blocks.append((row, int(root[i]), int(root_position[i]), logits[i].clone()))
-            return logits
+            return hidden
 
         def select_rows(self, rows):
             super().select_rows(rows)
@@ -176,8 +177,8 @@ def test_block_has_one_plus_k_slots(verifier, prompts):
         Segment(features, torch.zeros(1, 4, dtype=torch.long), torch.arange(4)[None], confirmed)
     )
     root, position = torch.tensor([5]), torch.tensor([4])
-    short = drafter.block_logits(root, position, 2)
-    full = drafter.block_logits(root, position, 4)
+    short = draft.slot_logits(drafter.block_hidden(root, position, 2))
+    full = draft.slot_logits(drafter.block_hidden(root, position, 4))
     assert short.shape[1] == 2 and full.shape[1] == 4
     assert not torch.allclose(short, full[:, :2], atol=1e-4)
 
@@ -338,3 +339,51 @@ def test_qwen3_verifier(tiny_qwen3_dir, chat_prompts):
         draft.norm.weight.zero_()
     summary = SpeculativeDecoder(verifier, draft, DecodingConfig(num_speculative_tokens=4, max_new_tokens=16))
     assert summary.generate(prompts[:2]).stats.summary()["acceptance_length_global"] == pytest.approx(5.0)
+
+
+def test_dspark_reads_each_slot_after_the_token_drafted_before_it(verifier, prompts):
+    """DSpark's Markov bias makes slot s depend on the token drafted at s-1 (the root for the first slot), as
+    vLLM's DSpark proposer drafts; the backbone still runs once. Greedy output stays the verifier's."""
+    from speculators.format.dflash_config import DSparkConfig
+    from speculators.models.dspark import DSparkDraftModel
+
+    torch.manual_seed(3)
+    config = DSparkConfig.from_verifier(
+        verifier.config.to_dict(),
+        "in-memory",
+        mask_token_id=3,
+        block_size=BLOCK,
+        markov_rank=8,
+        torch_dtype="float32",
+    )
+    draft = DSparkDraftModel(config).eval().requires_grad_(False)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(verifier.get_input_embeddings().weight)
+        draft.markov_head.markov_w1.weight.normal_()
+        draft.markov_head.markov_w2.weight.normal_()  # a bias strong enough to change the argmax
+    for prompt in prompts[:4]:
+        cfg = DecodingConfig(num_speculative_tokens=4, max_new_tokens=GREEDY_NEW)
+        ours = SpeculativeDecoder(verifier, draft, cfg).generate([prompt])
+        plain = plain_generate(verifier, [prompt], max_new_tokens=GREEDY_NEW)
+        assert ours.tokens == plain.tokens
+        assert ours.stats.draft_forwards == ours.stats.verify_steps
+    drafter = BlockDrafter(draft, 1, torch.device("cpu"))
+    features = torch.randn(1, 4, len(config.aux_layer_ids) * verifier.config.hidden_size)
+    drafter.read_segment(
+        Segment(
+            features,
+            torch.zeros(1, 4, dtype=torch.long),
+            torch.arange(4)[None],
+            torch.ones(1, 4, dtype=torch.bool),
+        )
+    )
+    root = torch.tensor([5])
+    hidden = drafter.block_hidden(root, torch.tensor([4]), 4)
+    chosen, _ = drafter.choose(hidden, root, 0.0, 1.0, None)
+    prev, expected = root, []
+    for slot in range(4):
+        logits = draft.lm_head(hidden[:, slot]) + draft.markov_head(prev)
+        expected.append(logits.argmax(-1))
+        prev = draft.draft_to_target(expected[-1])
+    assert torch.equal(chosen, torch.stack(expected, dim=1))
+    assert not torch.equal(chosen, draft.lm_head(hidden).argmax(-1))  # the bias mattered
