@@ -140,6 +140,7 @@ class LoopSettings:
     decay_gamma: float = 4.0
     dpace_alpha: float = 0.5
     confidence_weight: float = 1.0  # DSpark: weight of the confidence head's BCE
+    max_cpu_seconds: float | None = None  # a CPU budget: the run (and its schedule) shortened to fit it
     hass: HassSettings = field(default_factory=HassSettings)
 
     @property
@@ -183,7 +184,7 @@ class LoopSettings:
             found += _choice("train.dtype", self.dtype, TRAIN_DTYPES)
         for key in ("ttt_steps", "epochs", "micro_batch_size", "grad_accum", "attention_chunk"):
             found += _at_least(f"train.{key}", getattr(self, key), 1)
-        for key in ("max_steps", "max_samples", "cpu_threads"):
+        for key in ("max_steps", "max_samples", "cpu_threads", "max_cpu_seconds"):
             found += _at_least(f"train.{key}", getattr(self, key), 1)  # or null
         for key in ("num_workers", "eval_every", "save_every", "keep_checkpoints", "noise_std"):
             found += _at_least(f"train.{key}", getattr(self, key), 0)

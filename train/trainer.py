@@ -47,6 +47,8 @@ from train.settings import TrainSettings
 from train.step_stats import StepStats
 from train.ttt_attention import flex_shape_variants, limit_flex_recompiles
 
+CPU_BUDGET_PROBE_STEPS = 10  # steps measured before a CPU budget fixes the run's length
+
 
 @dataclass
 class Progress:
@@ -177,6 +179,8 @@ class Trainer:
         stream = iter(loader)
         self._window = {"stats": StepStats(self.steps, self.device), "seconds": 0.0, "since": progress.step}
         self._run_start = (time.time(), progress.step)
+        self._cpu_start = time.process_time()
+        budget_fixed = not settings.train.max_cpu_seconds
         self._last_eval_step = self._last_save_step = progress.step if progress.step else -1
         while progress.step < self.total_steps:
             lr = lr_at(settings, progress.step, self.total_steps)
@@ -187,6 +191,8 @@ class Trainer:
             self._window["seconds"] += time.time() - started
             progress.step += 1
             progress.epoch, progress.step_in_epoch = divmod(progress.step, per_epoch)
+            if not budget_fixed and progress.step - self._run_start[1] >= CPU_BUDGET_PROBE_STEPS:
+                budget_fixed = self._fit_cpu_budget(progress)
             progress.samples_seen += self.plan.global_batch
             last = progress.step == self.total_steps
             epoch_end = progress.step_in_epoch == 0
@@ -201,6 +207,26 @@ class Trainer:
         del stream, loader
         self.logger.close()
         return {"step": progress.step, "best": progress.best, "metrics": progress.metrics}
+
+    def _fit_cpu_budget(self, progress: Progress) -> bool:
+        """``train.max_cpu_seconds``: after a few steps, shorten the run (and its lr schedule) to the steps that fit
+        the budget at the measured CPU-seconds per step (the slowest rank's), so runs of different algorithms can
+        be compared at equal training CPU. A budgeted run is not bit-reproducible on resume (it re-measures)."""
+        used = time.process_time() - self._cpu_start
+        per_step = torch.tensor([used / max(progress.step - self._run_start[1], 1)], device=self.device)
+        per_step = float(self.accelerator.gather(per_step).max())
+        remaining = max(self.settings.train.max_cpu_seconds - used, 0.0)
+        fitted = max(
+            progress.step, min(self.total_steps, progress.step + int(remaining / max(per_step, 1e-9)))
+        )
+        if self.is_main:
+            print(
+                f"cpu budget {self.settings.train.max_cpu_seconds:.0f} CPU-s at {per_step:.2f} CPU-s/step: "
+                f"{fitted} steps (planned {self.total_steps})",
+                flush=True,
+            )
+        self.total_steps = fitted
+        return True
 
     def _log_train(self, progress: Progress, lr: float) -> None:
         """One metrics record + console line for the steps since the last one (collective: all ranks call it)."""

@@ -144,3 +144,19 @@ def test_training_attention_equals_the_engine_rule():
         anchored_attention(q, k, v, ctx_k, ctx_v, visible, True),
         anchored_attention(q, k, v, ctx_k, ctx_v, visible, False),
     )
+
+
+def test_cpu_budget_shortens_the_run_to_fit(sharp_verifier, tiny_data, tmp_path, capsys):
+    """``train.max_cpu_seconds``: after the probe steps the run is cut to the steps the budget buys (equal-CPU lanes
+    of the bench), and it still ends with an evaluation and a checkpoint."""
+    run_dir = tmp_path / "budget"
+    overrides = tiny_overrides(
+        sharp_verifier, tiny_data, run_dir, "train.epochs=400", "train.micro_batch_size=1"
+    )
+    overrides[0] = "recipe=tiny_dflash"
+    budget = ["train.max_cpu_seconds=3", "train.eval_every=100000", "train.save_every=100000"]
+    result = train(compose([*overrides, *budget]), run_dir)
+    planned = 400 * 8
+    assert 10 <= result["step"] < planned
+    assert f"(planned {planned})" in capsys.readouterr().out
+    assert read_best(run_dir) is not None
