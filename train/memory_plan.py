@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_flatten
 
 from speculators.atomic import atomic_write_json
 from speculators.format.config import Eagle3Config
+from speculators.local_paths import public_name, scrub
 from speculators.models.eagle3 import Eagle3DraftModel
 from train.losses import step_weights
 from train.settings import TrainSettings
@@ -58,6 +59,17 @@ def shipped_verifier_dir(name_or_path: str) -> Path | None:
     """``recipes/verifiers/<org>/<model>`` when the repository ships that verifier's config, else None."""
     candidate = SHIPPED_VERIFIERS / name_or_path
     return candidate if (candidate / "config.json").is_file() else None
+
+
+def shipped_config_name(name_or_path: str) -> str:
+    """Where the plan's verifier shape came from, said without a local path: the repository-relative shipped
+    directory, else the verifier's own config."""
+    shipped = shipped_verifier_dir(name_or_path)
+    if shipped is None or not shipped.resolve().is_relative_to(
+        SHIPPED_VERIFIERS
+    ):  # an absolute name joins as itself
+        return "the verifier's own config.json"
+    return shipped.resolve().relative_to(REPO_ROOT).as_posix()
 
 
 def plan_verifier_config(name_or_path: str) -> dict[str, Any]:
@@ -311,8 +323,8 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     recipe_stage = settings.deepspeed.zero_stage
     return {
         "recipe": settings.recipe_name,
-        "verifier": verifier_name,
-        "verifier_config": str(shipped_verifier_dir(verifier_name) or "the verifier's own config.json"),
+        "verifier": public_name(verifier_name),  # a plan may be shared or committed: no local path in it
+        "verifier_config": shipped_config_name(verifier_name),
         "dtype": "bfloat16" if bf16 else "float32",
         "data_mode": train_cfg.data_mode,
         "micro_batch_size": rows,
@@ -353,7 +365,7 @@ def summary_line(plan: dict[str, Any]) -> str:
 
 def write_plan(config: TrainSettings | dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """Plan, write ``<run_dir>/memory_plan.json`` atomically and print the one-line summary."""
-    plan = plan_memory(config)
+    plan = scrub(plan_memory(config), Path(run_dir))  # relative to the run at most (speculators.local_paths)
     target = Path(run_dir) / "memory_plan.json"
     atomic_write_json(target, plan)
     print(summary_line(plan) + f" -> {target}", flush=True)

@@ -121,6 +121,7 @@ def export_checkpoint(
             recipe=checkpoint.recipe,
             training=training_summary(checkpoint.run_dir, checkpoint.trainer_state, checkpoint.best),
             evals=evals,
+            run_dir=checkpoint.run_dir,
         )
         extra["README.md"] = render_model_card(card)
         extra.update(evals.plots)

@@ -14,8 +14,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from speculators.local_paths import find_local_paths
 from tests.conftest import REPO_ROOT
-from train.memory_plan import LiveBytes, build_meta_draft, meta_head, plan_memory, trace_step
+from train.memory_plan import LiveBytes, build_meta_draft, meta_head, plan_memory, trace_step, write_plan
 
 RECIPES = sorted(p.stem for p in (REPO_ROOT / "recipes" / "recipe").glob("*.yaml"))
 KEYS = ("params_trainable", "params_frozen", "static_bytes_per_rank", "peak_bytes_per_rank")
@@ -40,7 +41,16 @@ def test_every_recipe_plans_offline(recipe, tiny_llama_dir):
     assert static["zero3"]["8"] < static["zero2"]["8"] < static["zero1"]["8"] < static["zero1"]["1"]
     assert static["zero2"]["1"] == plan["params_trainable"] * 16  # bf16 2 + 2, fp32 master 4, AdamW 8
     if "8b" in recipe:
-        assert plan["verifier_config"].startswith(str(REPO_ROOT / "recipes" / "verifiers"))
+        assert plan["verifier_config"].startswith("recipes/verifiers/")
+        assert (REPO_ROOT / plan["verifier_config"] / "config.json").is_file()
+
+
+def test_written_plan_holds_no_local_path(tiny_llama_dir, tmp_path, capsys):
+    """memory_plan.json may be shared or committed: a local verifier is named by its folder, nothing absolute."""
+    plan = write_plan(resolved("tiny_eagle3", f"verifier.name_or_path={tiny_llama_dir}"), tmp_path)
+    text = (tmp_path / "memory_plan.json").read_text()
+    assert str(tiny_llama_dir) not in text and find_local_paths(text) == []
+    assert plan["verifier"] == tiny_llama_dir.name
 
 
 def test_llama8b_plan_has_the_published_shapes():
