@@ -130,10 +130,9 @@ def find_eval_artifacts(run_dir: Path | None) -> EvalArtifacts:
     return found
 
 
-def add_eval_results(evals: EvalArtifacts, path: str | Path) -> None:
-    """Add a ``results.json`` written by ``speculators eval`` (and the ``acceptance.png`` beside it) to ``evals``,
-    so that a card made after the evaluation carries what it measured. The same file found in the run directory
-    is not shown twice."""
+def read_eval_results(path: str | Path) -> dict[str, Any]:
+    """The ``results.json`` of ``speculators eval`` at ``path``, or an error naming the file and the fix. The
+    exporter calls it before converting any weight, so a mistyped ``--eval-results`` costs no conversion."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -148,6 +147,15 @@ def add_eval_results(evals: EvalArtifacts, path: str | Path) -> None:
             f"--eval-results {path}: not the results.json of `speculators eval` (no runs with "
             "acceptance_length_global)"
         )
+    return data
+
+
+def add_eval_results(evals: EvalArtifacts, path: str | Path) -> None:
+    """Add a ``results.json`` written by ``speculators eval`` (and the ``acceptance.png`` beside it) to ``evals``,
+    so that a card made after the evaluation carries what it measured. The same file found in the run directory
+    is not shown twice."""
+    path = Path(path)
+    data = read_eval_results(path)
     if path.resolve() in evals.results_files:
         return
     evals.tables += eval_results_tables(data, public_path(path))

@@ -246,3 +246,17 @@ def test_export_runs_without_deepspeed_hydra_or_wandb(run_dir, tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "out" / "config.json").is_file()
+
+
+def test_bad_eval_results_fail_before_any_weight_is_read(tmp_path, verifier_dir, drafts, capsys):
+    """The weights here cannot be read at all: the --eval-results error must come first (an 8B conversion takes
+    minutes to reach the card)."""
+    run = make_run(tmp_path / "run", str(verifier_dir), {10: drafts[10]}, best_step=10)
+    (run / "checkpoints" / "step-10" / "draft" / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(FileNotFoundError, match="--eval-results .*no such file"):
+        export_checkpoint(run, tmp_path / "out", eval_results=tmp_path / "missing" / "results.json")
+    (tmp_path / "not-results.json").write_text(json.dumps({"runs": []}))
+    argv = ["export", str(run), str(tmp_path / "out"), "--eval-results", str(tmp_path / "not-results.json")]
+    assert cli_main(argv) == 1
+    assert "not the results.json of `speculators eval`" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
