@@ -31,20 +31,18 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, plain_generate
+from speculators.decoding.drafter import Drafter, Segment
+from speculators.decoding.engine import VerifierRunner
+from speculators.eval.prompts import load_prompts, render_prompts
+from speculators.verifier import load_verifier, resolve_verifier_path
 
-from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, plain_generate  # noqa: E402
-from speculators.decoding.drafter import Drafter, Segment  # noqa: E402
-from speculators.decoding.engine import VerifierRunner  # noqa: E402
-from speculators.eval.prompts import load_prompts, render_prompts  # noqa: E402
-from speculators.verifier import load_verifier, resolve_verifier_path  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "bench" / "results" / "engine.json"
 

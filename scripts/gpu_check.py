@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The one sys.path edit left in the repository, on purpose: gpu_check.sh runs this file on a bare GPU image where the
+# checkout is copied but never `pip install -e`d (installing would pull hydra, deepspeed, ...; see the docstring),
+# so `speculators` and `train` are importable only from the checkout itself. Everything else uses the installed
+# packages (tests/test_setup.py refuses any other sys.path edit).
 sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -58,3 +59,53 @@ def test_nothing_imports_a_bare_conftest():
                 names = [alias.name for alias in node.names]
             bare += [f"{path.relative_to(TESTS)}:{node.lineno}" for name in names if name == "conftest"]
     assert bare == []
+
+
+SYS_PATH_ALLOWED = {
+    "scripts/gpu_check.py": "runs on a bare GPU image where the checkout is not pip-installed"
+}
+
+
+def _sys_path_edits(path) -> list[int]:
+    tree = ast.parse(path.read_text())
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == "path"
+        and isinstance(node.func.value.value, ast.Name)
+        and node.func.value.value.id == "sys"
+    ]
+
+
+def test_no_sys_path_edits_but_the_bare_gpu_image_script():
+    """speculators, data_gen and train are installed packages (`pip install -e .`): an edit of sys.path only hides
+    a broken install. scripts/gpu_check.py keeps one, and says why next to it."""
+    edits = {}
+    for folder in ("bench", "scripts", "speculators", "data_gen", "train", "tests"):
+        for path in (REPO_ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(REPO_ROOT).as_posix()
+            if (lines := _sys_path_edits(path)) and rel not in SYS_PATH_ALLOWED:
+                edits[rel] = lines
+    assert edits == {}
+    gpu_check = (REPO_ROOT / "scripts" / "gpu_check.py").read_text()
+    before = gpu_check[: gpu_check.index("sys.path.insert")]
+    assert "bare GPU image" in before.splitlines()[-3] + before.splitlines()[-4]  # the reason, right above it
+
+
+@pytest.mark.parametrize("script", ["engine_bench", "run", "data_gen_bench", "train_bench", "fp8_bench"])
+def test_bench_scripts_import_from_the_installed_packages(script, tmp_path):
+    """Run from outside the checkout with nothing added to the path: their imports resolve to installed packages
+    (the test tree is not one, so a bench must not import it)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = (
+        "import runpy, sys; sys.argv = ['x', '--help'];"
+        f"runpy.run_path({str(REPO_ROOT / 'bench' / (script + '.py'))!r}, run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "usage" in result.stdout.lower()
