@@ -187,7 +187,7 @@ def eval_results_tables(results: dict[str, Any], origin: str) -> list[tuple[str,
         f"Measured by `speculators eval` (`{public_path(origin)}`): {prompts.get('count', '?')} prompts from "
         f"`{public_path(prompts.get('source', '?'))}`, up to {settings.get('max_new_tokens', '?')} new tokens, "
         f"{'greedy' if not temperature else f'temperature {temperature}'}, {settings.get('dtype', '?')} on "
-        f"{settings.get('device', '?')}, draft `{public_name(results.get('draft', '?'))}`, "
+        f"{settings.get('device', '?')}, draft `{results.get('draft_name') or public_name(results.get('draft', '?'))}`, "
         f"verifier `{public_name(results.get('verifier', '?'))}`. Acceptance length = tokens per verify step (vLLM's mean "
         "acceptance length); per-position acceptance j = P(draft j accepted | drafts before it accepted); "
         "speedup = tokens/s against plain decoding of the same prompts:"
