@@ -12,7 +12,8 @@ if every position were a trained position (packing fills every row), which is th
 
 Assumptions (also written into the JSON): micro batches are ``micro_batch_size`` rows of ``max_length`` tokens
 (packed full); the traced kernel is the linear-memory chunked TTT attention (flex attention keeps the same q/k/v/out
-and log-sum-exp, never a score matrix); gradients are freed as they are accumulated (DeepSpeed reduces them into
+and log-sum-exp, never a score matrix), plus, where the recipe's backend is flex (auto on CUDA), the keys and values
+flex concatenates and zero-pads to the unroll's full key length at every step and keeps for backward; gradients are freed as they are accumulated (DeepSpeed reduces them into
 its own buffers, counted in the static part), and allocator fragmentation and the CUDA context (~0.5-1 GB) are not
 in the count.
 """
@@ -30,7 +31,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from speculators.atomic import atomic_write_json
-from speculators.format.config import Eagle3Config
 from speculators.local_paths import public_name, scrub
 from speculators.models.eagle3 import Eagle3DraftModel
 from train.losses import step_weights
@@ -202,6 +202,22 @@ def meta_batch(
     }
 
 
+def flex_padded_key_bytes(
+    rows: int, length: int, ttt_steps: int, draft_config: Any, dtype: torch.dtype, backend: str
+) -> int:
+    """Bytes of the padded key and value tensors flex attention holds until backward, which the chunked trace does
+    not allocate: at each of the ``ttt_steps`` steps every draft layer builds ``cat(K_0..K_j, zeros)`` and the same
+    for V, ``[rows, kv_heads, ttt_steps * length, head_dim]`` each (train.ttt_attention.padded_step_keys), so the
+    future steps keep one compiled shape. About 1.6 GB at the 8B recipe (4 x 2048 tokens, 7 steps, 8 kv heads of
+    128). Zero when the recipe asks for the chunked (or dense) kernel."""
+    if backend not in ("auto", "flex"):  # auto: flex on the CUDA GPUs this plans for
+        return 0
+    layer = draft_config.transformer_layer_config
+    kv_heads = int(layer.get("num_key_value_heads") or layer["num_attention_heads"])
+    one = rows * kv_heads * ttt_steps * length * draft_config.head_dim * dtype.itemsize
+    return 2 * one * ttt_steps * draft_config.num_layers
+
+
 def batch_bytes(batch: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in batch.values())
 
@@ -235,6 +251,7 @@ def build_meta_draft(
 ):
     """The recipe's draft (``TTTDraft`` around ``Eagle3DraftModel``) with meta parameters, and its config."""
     from data_gen.capture import resolve_aux_layer_ids
+    from train.assemble import recipe_draft_config
     from train.unroll import TTTDraft
 
     settings = TrainSettings.from_config(config)
@@ -242,16 +259,12 @@ def build_meta_draft(
     aux_ids = resolve_aux_layer_ids(
         list(wanted) if wanted is not None else None, int(verifier_config["num_hidden_layers"])
     )
-    draft_config = Eagle3Config.from_verifier(
+    draft_config = recipe_draft_config(  # the trainer's own mapping (train.assemble.draft_config)
+        settings,
         verifier_config,
-        name_or_path=settings.verifier.name_or_path,
-        draft_vocab_size=model_cfg.draft_vocab_size or int(verifier_config["vocab_size"]),
-        aux_layer_ids=aux_ids,
-        speculative_tokens=settings.export.speculative_tokens,
-        num_layers=model_cfg.num_layers,
-        layer_type=model_cfg.layer_type,
-        norm_before_residual=model_cfg.norm_before_residual,
-        torch_dtype="float32",
+        aux_ids,
+        model_cfg.draft_vocab_size or int(verifier_config["vocab_size"]),
+        settings.verifier.name_or_path,
     )
     with torch.device("meta"):
         draft = Eagle3DraftModel(draft_config).to(dtype)
@@ -309,7 +322,8 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     batch = meta_batch(rows, length, aux_width, hidden, dtype)
     ttt = train_cfg.ttt_steps
     weights = step_weights(ttt, train_cfg.step_weight_decay)
-    activations = trace_step(model, head, batch, weights, train_cfg.topk)
+    flex_keys = flex_padded_key_bytes(rows, length, ttt, draft_config, dtype, train_cfg.attention_backend)
+    activations = trace_step(model, head, batch, weights, train_cfg.topk) + flex_keys
     static, peak, frozen = {}, {}, {}
     for stage in STAGES:
         key = f"zero{stage}"
@@ -340,6 +354,7 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
         },
         "batch_bytes": batch_bytes(batch),
         "activation_peak_bytes": activations,
+        "flex_padded_keys_bytes": flex_keys,  # included in activation_peak_bytes
         "static_bytes_per_rank": static,
         "frozen_bytes_per_rank": frozen,
         "peak_bytes_per_rank": peak,
