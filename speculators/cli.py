@@ -10,7 +10,8 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 # Modules that define ``add_parser(subparsers)``; each sets ``func`` on its parser. Imported lazily by name so
 # that ``speculators validate`` does not pay for the decoding engine's imports.
@@ -46,6 +47,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {user_message(exc)}", file=sys.stderr)
         return 1
+
+
+@contextmanager
+def user_errors_as_one_line(errors: tuple[type[BaseException], ...] = USER_ERRORS) -> Iterator[None]:
+    """For the other entry points (``train/run.py``, ``data_gen/run.py``, under Hydra): ``errors`` raised inside
+    end the process with one ``error:`` line and exit status 1 instead of a traceback (``SystemExit`` passes
+    through Hydra's own exception report). SPECULATORS_TRACEBACK=1 re-raises."""
+    try:
+        yield
+    except errors as exc:
+        if os.environ.get("SPECULATORS_TRACEBACK") == "1":
+            raise
+        print(f"error: {user_message(exc)}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def user_message(exc: BaseException) -> str:

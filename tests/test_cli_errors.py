@@ -85,3 +85,19 @@ def test_console_script_prints_no_traceback(verifier_dir):
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+@pytest.mark.parametrize(
+    "script,override,message",
+    [
+        ("train/run.py", "train.ttt_steps=0", "error: invalid training settings"),
+        ("data_gen/run.py", "data_gen.batch_size=0", "error: data_gen.batch_size and data_gen.shard_size"),
+    ],
+)
+def test_pipeline_entry_points_report_a_recipe_mistake_in_one_line(script, override, message, tmp_path):
+    """The Hydra entry points too: a bad override ends with the problem and exit 1, not Hydra's traceback."""
+    argv = [sys.executable, str(REPO_ROOT / script), "recipe=tiny_eagle3", override, f"run_dir={tmp_path}/run"]
+    argv += [f"hydra.run.dir={tmp_path}/hydra", "train.dry_run=true"]
+    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and message in result.stderr
