@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -47,13 +48,26 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "results" / "engine.json"
 
 
+def _quickfit():
+    """tests/support/quickfit.py (the quick-fit mini trainer the tests share), loaded from its file: the test tree
+    is not an installed package, and it imports only installed ones, so no sys.path edit is needed."""
+    import importlib.util
+
+    name = "speculators_bench_quickfit"
+    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "support" / "quickfit.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
 def get_draft(args, verifier, prompts):
     if args.draft:
         from speculators.eval.evaluation import load_draft
 
         draft, path = load_draft(args.draft)
         return draft, {"source": str(path), "fitted_here": False}
-    from tests.support.quickfit import fit_draft
+    fit_draft = _quickfit().fit_draft
 
     fitted_on = prompts[: args.fit_prompts or len(prompts) // 2]
     print(f"no --draft given: fitting one on the greedy continuations of {len(fitted_on)} benchmark prompts")

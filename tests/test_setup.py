@@ -109,3 +109,17 @@ def test_bench_scripts_import_from_the_installed_packages(script, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "usage" in result.stdout.lower()
+
+
+def test_engine_bench_fits_its_draft_without_the_test_tree_on_the_path(tmp_path):
+    """engine_bench's default draft comes from tests/support/quickfit.py, loaded from its file."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = (
+        f"import runpy; bench = runpy.run_path({str(REPO_ROOT / 'bench' / 'engine_bench.py')!r}, run_name='bench');"
+        "print(bench['_quickfit']().fit_draft.__name__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["fit_draft"]
