@@ -7,6 +7,7 @@ checkpoint unservable by at least one consumer; ``warning`` findings are legal b
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,10 +257,31 @@ def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
 # ---- against the verifier ----------------------------------------------------------------------------------
 def _local_verifier_config(config: dict[str, Any]) -> dict[str, Any] | None:
     try:
-        path = Path(config["speculators_config"]["verifier"]["name_or_path"]) / "config.json"
+        name = config["speculators_config"]["verifier"]["name_or_path"]
+        path = Path(name) / "config.json"
     except (KeyError, TypeError):
         return None
-    return json.loads(path.read_text()) if path.is_file() else None
+    return json.loads(path.read_text()) if path.is_file() else cached_hub_config(name)
+
+
+def cached_hub_config(name: Any) -> dict[str, Any] | None:
+    """The ``config.json`` of the hub id ``name`` when the local Hugging Face cache already holds it, else None.
+    Never downloads: the validator runs offline, and a hub-id verifier would otherwise escape the checks that need
+    its layer count (aux ids above L, which vLLM never captures)."""
+    if not isinstance(name, str) or name.count("/") != 1 or name.startswith((".", "/", "~")):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE"))
+    except Exception:  # an id the hub library refuses, or no hub library: nothing cached to read
+        return None
+    if not isinstance(cached, str) or not Path(cached).is_file():
+        return None
+    try:
+        return json.loads(Path(cached).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def _verifier_findings(config: dict[str, Any], verifier: dict[str, Any], where: str) -> Iterator[Finding]:

@@ -242,3 +242,26 @@ def test_validate_names_a_verifier_directory_as_a_model_in_its_first_line(tiny_l
     assert cli_main(["validate", str(tiny_llama_dir)]) == 1
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("ERROR") and "this is a model (llama), not a speculators draft" in first
+
+
+def test_ids_above_the_layer_count_are_caught_for_a_hub_verifier_in_the_local_cache(
+    good_checkpoint, tiny_llama_dir, tmp_path, monkeypatch
+):
+    """vLLM never captures an id above L. A hub-id verifier's L is read from the local Hugging Face cache when it
+    is there (nothing is downloaded); with an empty cache the bound cannot be known and is not guessed."""
+
+    def hub_verifier(config: dict) -> None:
+        config["speculators_config"]["verifier"]["name_or_path"] = "example-org/tiny-llama"
+        config["eagle_aux_hidden_state_layer_ids"] = [2, 3, 9]
+
+    bad = mutate(good_checkpoint, tmp_path / "bad", hub_verifier)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    assert errors(validate_checkpoint(bad)) == []
+    snapshot = tmp_path / "hub" / "models--example-org--tiny-llama" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    shutil.copy(tiny_llama_dir / "config.json", snapshot / "config.json")
+    (tmp_path / "hub" / "models--example-org--tiny-llama" / "refs").mkdir()
+    (tmp_path / "hub" / "models--example-org--tiny-llama" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    text = "\n".join(str(f) for f in errors(validate_checkpoint(bad)))
+    assert "[9] are outside [0, 8]" in text, text
