@@ -186,7 +186,7 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
 
 def aux_layer_id_error(ids: Any) -> str | None:
     """What is wrong with aux layer ids that no verifier could make right, or None. Checked without the verifier
-    (a hub id is not read): vLLM captures layer k's input only for ``k in range(L + 1)``, so a negative id is never
+    (a hub-id verifier is read only when already cached): vLLM captures layer k's input only for ``k in range(L + 1)``, so a negative id is never
     captured and fc reads fewer features than it was trained on; a bool is an int to Python and JSON's ``true`` to
     the config, never a layer. The upper bound needs the verifier's L (``_verifier_findings``)."""
     if not isinstance(ids, list):
@@ -202,8 +202,8 @@ def aux_layer_id_error(ids: Any) -> str | None:
         return (
             f"eagle_aux_hidden_state_layer_ids {ids} hold negative ids {negative}: vLLM and the speculators library "
             "capture the stream entering layer k only for k in [0, L] (no Python-style counting from the end), so "
-            "fc would read fewer features than it was trained on; write the absolute layer numbers (for an "
-            "L-layer verifier, -1 is L - 1)"
+            "fc would read fewer features than it was trained on; write the absolute layer numbers the draft was "
+            "trained on"
         )
     return None
 
