@@ -96,7 +96,13 @@ def test_console_script_prints_no_traceback(verifier_dir):
 )
 def test_pipeline_entry_points_report_a_recipe_mistake_in_one_line(script, override, message, tmp_path):
     """The Hydra entry points too: a bad override ends with the problem and exit 1, not Hydra's traceback."""
-    argv = [sys.executable, str(REPO_ROOT / script), "recipe=tiny_eagle3", override, f"run_dir={tmp_path}/run"]
+    argv = [
+        sys.executable,
+        str(REPO_ROOT / script),
+        "recipe=tiny_eagle3",
+        override,
+        f"run_dir={tmp_path}/run",
+    ]
     argv += [f"hydra.run.dir={tmp_path}/hydra", "train.dry_run=true"]
     result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr[-2000:]
