@@ -8,8 +8,12 @@ VLLM_VENV   := .venv-vllm
 SPEC_VENV   := .venv-speculators
 PIN          = $(PYTHON_BOOT) -c 'import sys, tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["speculators-train"]["pins"][sys.argv[1]]))'
 PIP_QUIET   := --quiet --disable-pip-version-check
-# cuda where a GPU answers (`nvidia-smi -L`), else cpu; override with `make vllm-env VLLM_FLAVOUR=cpu`
-VLLM_FLAVOUR ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+# cuda where a GPU answers (`nvidia-smi -L`), else cpu; override with `make vllm-env VLLM_FLAVOUR=cpu`.
+# Asked once per make run (a simple `:=` variable), and not at all when given on the command line or environment:
+# a recursive `?=` re-ran nvidia-smi at every use (twice per target, four times for vllm-env).
+ifeq ($(origin VLLM_FLAVOUR),undefined)
+VLLM_FLAVOUR := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+endif
 export DS_BUILD_OPS := 0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false

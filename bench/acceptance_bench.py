@@ -38,6 +38,7 @@ import acceptance_measure as measure
 import learning_curve
 
 from speculators.atomic import atomic_write_json
+from speculators.local_paths import scrub
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -175,7 +176,7 @@ def run_stage(name: str, command: list[str], output: Path, logs: Path) -> dict[s
             f"[bench] {name} failed (exit {code}) after {wall:.0f} s; last lines of {log}:\n{tail}"
         )
     record = {
-        "command": " ".join(command),
+        "command": scrub(" ".join(command), REPO),  # committed: the repo-relative interpreter, no local path
         "wall_s": round(wall, 1),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
     }

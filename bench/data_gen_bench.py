@@ -18,23 +18,21 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from data_gen.capture import FeatureCapture, base_model
+from data_gen.masks import ChatMasker, MaskingError
+from data_gen.pipeline import capture_samples
+from data_gen.sources import DataSettings, load_conversations
+from data_gen.store import FeatureDataset, finalize_split, write_shard
+from speculators.atomic import atomic_write_json
+from speculators.verifier import load_verifier
 
-from data_gen.capture import FeatureCapture, base_model  # noqa: E402
-from data_gen.masks import ChatMasker, MaskingError  # noqa: E402
-from data_gen.pipeline import capture_samples  # noqa: E402
-from data_gen.sources import DataSettings, load_conversations  # noqa: E402
-from data_gen.store import FeatureDataset, finalize_split, write_shard  # noqa: E402
-from speculators.atomic import atomic_write_json  # noqa: E402
-from speculators.verifier import load_verifier  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def encode(tokenizer, count: int, max_length: int):

@@ -37,16 +37,28 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, plain_generate
+from speculators.decoding.drafter import Drafter, Segment
+from speculators.decoding.engine import VerifierRunner
+from speculators.eval.prompts import load_prompts, render_prompts
+from speculators.verifier import load_verifier, resolve_verifier_path
 
-from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, plain_generate  # noqa: E402
-from speculators.decoding.drafter import Drafter, Segment  # noqa: E402
-from speculators.decoding.engine import VerifierRunner  # noqa: E402
-from speculators.eval.prompts import load_prompts, render_prompts  # noqa: E402
-from speculators.verifier import load_verifier, resolve_verifier_path  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "bench" / "results" / "engine.json"
+
+
+def _quickfit():
+    """tests/support/quickfit.py (the quick-fit mini trainer the tests share), loaded from its file: the test tree
+    is not an installed package, and it imports only installed ones, so no sys.path edit is needed."""
+    import importlib.util
+
+    name = "speculators_bench_quickfit"
+    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "support" / "quickfit.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
 
 
 def get_draft(args, verifier, prompts):
@@ -55,7 +67,7 @@ def get_draft(args, verifier, prompts):
 
         draft, path = load_draft(args.draft)
         return draft, {"source": str(path), "fitted_here": False}
-    from tests.support.quickfit import fit_draft
+    fit_draft = _quickfit().fit_draft
 
     fitted_on = prompts[: args.fit_prompts or len(prompts) // 2]
     print(f"no --draft given: fitting one on the greedy continuations of {len(fitted_on)} benchmark prompts")

@@ -67,6 +67,7 @@ from data_gen.store import FeatureDataset, read_manifest, read_token_counts
 from speculators.atomic import atomic_write_json, fsync_replace, temp_sibling
 from speculators.format.checkpoint import atomic_directory
 from speculators.format.validate import errors, validate_checkpoint
+from speculators.local_paths import scrub
 from speculators.serving.speculators_package import speculators_package_python
 from speculators.vocab import DraftVocab, build_draft_vocab
 
@@ -319,7 +320,7 @@ def run_peer(flags: list[str], run_dir: Path, *, steps: int, threads: int) -> di
             + result.stderr[-3000:]
         )
     return {
-        "command": command,
+        "command": scrub(command, REPO),  # committed with the bench results: no local path
         "wall_seconds": wall,
         "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "launch": json.loads(report.read_text()),

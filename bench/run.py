@@ -177,7 +177,6 @@ def main() -> int:
 
 def verifier_note() -> str:
     """Whose weights every benchmark's verifier is (all of them run on the embedded SmolLM2)."""
-    sys.path.insert(0, str(REPO))
     from speculators.verifier import EMBEDDED_WEIGHTS_NOTE
 
     return EMBEDDED_WEIGHTS_NOTE

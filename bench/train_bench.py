@@ -22,18 +22,25 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from train.memory_plan import LiveBytes
+from train.ttt_attention import chunked_ttt_attention, dense_ttt_attention
 
-from tests.support.memory import peak_memory_of  # noqa: E402
-from train.ttt_attention import chunked_ttt_attention, dense_ttt_attention  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
+
+def peak_memory_of(work) -> int:
+    """Peak live tensor bytes of ``work()`` (the counter tests.support.memory wraps; the benchmark uses the
+    installed ``train`` package directly rather than importing the test tree)."""
+    with LiveBytes() as tracker:
+        work()
+    return tracker.peak
+
 
 HEADS, KV_HEADS, HEAD_DIM, TTT_STEPS = 9, 3, 64, 3  # SmolLM2-135M
 

@@ -13,6 +13,14 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from data_gen.store import IncompatibleOutputError
+from speculators.cli import user_errors_as_one_line
+
+# A recipe value out of range, a missing or malformed source file, a chat template without what masking needs, an
+# output directory made by another configuration: one `error:` line each (the messages name the key or file and
+# the fix), not a traceback. Anything else is a bug and keeps its traceback.
+USER_MISTAKES = (ValueError, FileNotFoundError, IncompatibleOutputError)
+
 
 @hydra.main(config_path="../recipes", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
@@ -20,8 +28,10 @@ def main(cfg: DictConfig) -> None:
     from data_gen.processes import data_gen_state
 
     config = OmegaConf.to_container(cfg, resolve=True)
+    with user_errors_as_one_line(USER_MISTAKES):
+        settings = GenSettings.from_mapping(config["data_gen"])
     # ranks finish hours apart when regenerating: the barriers wait as long as the recipe says
-    state = data_gen_state(GenSettings.from_mapping(config["data_gen"]).barrier_timeout_hours)
+    state = data_gen_state(settings.barrier_timeout_hours)
     logging.getLogger("data_gen").setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     dist = Distributed(
         rank=state.process_index,
@@ -30,7 +40,8 @@ def main(cfg: DictConfig) -> None:
         barrier=state.wait_for_everyone,
     )
     try:
-        summary = run_data_gen(config, dist)
+        with user_errors_as_one_line(USER_MISTAKES):
+            summary = run_data_gen(config, dist)
         if state.is_main_process:
             print(format_summary(summary), flush=True)
     finally:

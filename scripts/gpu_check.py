@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The one sys.path edit left in the repository, on purpose: gpu_check.sh runs this file on a bare GPU image where the
+# checkout is copied but never `pip install -e`d (installing would pull hydra, deepspeed, ...; see the docstring),
+# so `speculators` and `train` are importable only from the checkout itself. Everything else uses the installed
+# packages (tests/test_setup.py refuses any other sys.path edit).
 sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
@@ -125,7 +129,9 @@ def build_draft(recipe: dict[str, Any], verifier_config: dict[str, Any], device:
     from train.memory_plan import build_meta_draft, meta_head
     from train.settings import TrainSettings
 
-    model, draft_config, _ = build_meta_draft(TrainSettings.from_config(recipe), verifier_config, torch.float32)
+    model, draft_config, _ = build_meta_draft(
+        TrainSettings.from_config(recipe), verifier_config, torch.float32
+    )
     model = materialize(model, device)
     draft = model.draft
     draft.d2t.zero_()

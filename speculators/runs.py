@@ -175,11 +175,24 @@ def locate_checkpoint(source: str | Path) -> TrainerCheckpoint:
     if source.name == DRAFT_DIR and is_draft_dir(source) and is_complete_step(source.parent):
         return _from_step(source.parent, _run_of(source.parent), "given")
     if is_draft_dir(source):
+        _refuse_a_model(source)
         return TrainerCheckpoint(step_dir=None, draft_dir=source, state_dir=None, run_dir=None)
     raise FileNotFoundError(
         f"{source} is neither a run directory (with checkpoints/), a checkpoints/step-<N> directory (with draft/ "
         "or state/) nor a speculators checkpoint (config.json + model.safetensors)"
     )
+
+
+def _refuse_a_model(directory: Path) -> None:
+    """Raise when ``directory`` holds a model (a verifier) rather than a draft, judged by its config.json alone:
+    a verifier has config.json and model.safetensors too, and reading its weights first (16 GB for an 8B model)
+    only to fail on the config would cost minutes."""
+    from speculators.format.checkpoint import read_config
+    from speculators.format.validate import model_not_draft
+
+    problem = model_not_draft(read_config(directory))
+    if problem is not None:
+        raise ValueError(f"{directory / 'config.json'}: {problem}")
 
 
 def resolve_draft_dir(source: str | Path) -> Path:

@@ -269,15 +269,30 @@ LM_HEAD_NAMES = ("lm_head.weight",)
 
 
 def read_verifier_tensors(name_or_path: str, wanted: dict[str, tuple[str, ...]]) -> dict[str, torch.Tensor]:
-    """Read only the named tensors (first alias found wins) of a verifier checkpoint; absent keys are left out."""
-    directory = resolve_verifier_path(name_or_path)
-    found: dict[str, torch.Tensor] = {}
-    for key, aliases in wanted.items():
-        try:
-            found[key] = read_verifier_tensor(directory, aliases)
-        except KeyError:
-            continue
-    return found
+    """Read only the named tensors (first alias found wins) of a verifier checkpoint; absent keys are left out.
+    Each safetensors shard is opened once for all keys (an 8B verifier has four shards; opening them again per key
+    re-read every header), and pickled ``.bin`` weights, which load whole, are read once at most."""
+    from speculators.export.sources import ANY_LAYOUT, read_weights
+
+    directory = Path(resolve_verifier_path(name_or_path))
+    files = weight_files(directory, ANY_LAYOUT)
+    handles = [path for path in files if path.suffix == ".safetensors"]
+    stored: dict[str, torch.Tensor] = {}  # the first file holding any alias wins, its first alias in order
+    for path in handles:
+        with safe_open(str(path), framework="pt") as handle:
+            present = set(handle.keys())
+            for key, aliases in wanted.items():
+                alias = next((a for a in aliases if a in present), None)
+                if key not in stored and alias is not None:
+                    stored[key] = handle.get_tensor(alias)
+    missing = {key: aliases for key, aliases in wanted.items() if key not in stored}
+    if missing and len(handles) < len(files):
+        weights = read_weights(directory)
+        for key, aliases in missing.items():
+            alias = next((a for a in aliases if a in weights), None)
+            if alias is not None:
+                stored[key] = weights[alias]
+    return stored
 
 
 def verifier_embedding(name_or_path: str | Path) -> torch.Tensor:

@@ -12,8 +12,18 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
-import gpu_check  # noqa: E402
+
+def _load_gpu_check():
+    """scripts/gpu_check.py as a module, loaded from its file (scripts/ is not a package, nor put on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _load_gpu_check()
 
 
 def test_cpu_smoke_runs_every_section_without_hydra_or_deepspeed(tmp_path):

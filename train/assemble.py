@@ -158,10 +158,30 @@ def make_accelerator(settings: TrainSettings, dtype: torch.dtype):
 def draft_config(
     settings: TrainSettings, verifier_config: dict[str, Any], aux_layer_ids: list[int], draft_vocab_size: int
 ) -> Eagle3Config:
-    """The EAGLE-3 draft's config.json of a recipe (the trainer's and the memory plan's)."""
+    """The draft's config for a training run: :func:`recipe_draft_config` with the run's vocabulary and the
+    verifier's resolved path (``smollm2`` → the converted directory vLLM loads)."""
+    return recipe_draft_config(
+        settings,
+        verifier_config,
+        aux_layer_ids,
+        draft_vocab_size,
+        resolve_verifier_path(settings.verifier.name_or_path),
+    )
+
+
+def recipe_draft_config(
+    settings: TrainSettings,
+    verifier_config: dict[str, Any],
+    aux_layer_ids: list[int],
+    draft_vocab_size: int,
+    name_or_path: str,
+) -> Eagle3Config:
+    """The one mapping from a recipe to a draft config, shared by the trainer and the memory planner (which has
+    no vocabulary yet and must not convert the embedded verifier just to name it), so the plan is of the draft
+    the trainer builds."""
     return Eagle3Config.from_verifier(
         verifier_config,
-        name_or_path=resolve_verifier_path(settings.verifier.name_or_path),
+        name_or_path=name_or_path,
         draft_vocab_size=draft_vocab_size,
         aux_layer_ids=aux_layer_ids,
         speculative_tokens=settings.export.speculative_tokens,
@@ -255,12 +275,14 @@ def block_draft_config(
     draft_vocab_size: int,
     mask_token_id: int,
     mask_token_source: str,
+    name_or_path: str | None = None,
 ) -> Any:
-    """A block drafter's config.json of a recipe (the trainer's and the memory plan's)."""
+    """A block drafter's config.json of a recipe (the trainer's and the memory plan's, which passes the verifier's
+    name as written: it must not convert the embedded verifier just to name it)."""
     model = settings.model
     config = config_class.from_verifier(
         verifier_config,
-        name_or_path=resolve_verifier_path(settings.verifier.name_or_path),
+        name_or_path=name_or_path or resolve_verifier_path(settings.verifier.name_or_path),
         mask_token_id=mask_token_id,
         mask_token_source=mask_token_source,
         draft_vocab_size=draft_vocab_size,

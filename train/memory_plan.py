@@ -12,7 +12,8 @@ if every position were a trained position (packing fills every row), which is th
 
 Assumptions (also written into the JSON): micro batches are ``micro_batch_size`` rows of ``max_length`` tokens
 (packed full); the traced kernel is the linear-memory chunked TTT attention (flex attention keeps the same q/k/v/out
-and log-sum-exp, never a score matrix); gradients are freed as they are accumulated (DeepSpeed reduces them into
+and log-sum-exp, never a score matrix), plus, where the recipe's backend is flex (auto on CUDA), the keys and values
+flex concatenates and zero-pads to the unroll's full key length at every step and keeps for backward; gradients are freed as they are accumulated (DeepSpeed reduces them into
 its own buffers, counted in the static part), and allocator fragmentation and the CUDA context (~0.5-1 GB) are not
 in the count.
 """
@@ -31,6 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 from speculators import algorithms
 from speculators.atomic import atomic_write_json
+from speculators.local_paths import public_name, scrub
 from train.settings import TrainSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +58,17 @@ def shipped_verifier_dir(name_or_path: str) -> Path | None:
     """``recipes/verifiers/<org>/<model>`` when the repository ships that verifier's config, else None."""
     candidate = SHIPPED_VERIFIERS / name_or_path
     return candidate if (candidate / "config.json").is_file() else None
+
+
+def shipped_config_name(name_or_path: str) -> str:
+    """Where the plan's verifier shape came from, said without a local path: the repository-relative shipped
+    directory, else the verifier's own config."""
+    shipped = shipped_verifier_dir(name_or_path)
+    if shipped is None or not shipped.resolve().is_relative_to(
+        SHIPPED_VERIFIERS
+    ):  # an absolute name joins as itself
+        return "the verifier's own config.json"
+    return shipped.resolve().relative_to(REPO_ROOT).as_posix()
 
 
 def plan_verifier_config(name_or_path: str) -> dict[str, Any]:
@@ -186,6 +199,22 @@ def meta_batch(
     }
 
 
+def flex_padded_key_bytes(
+    rows: int, length: int, ttt_steps: int, draft_config: Any, dtype: torch.dtype, backend: str
+) -> int:
+    """Bytes of the padded key and value tensors flex attention holds until backward, which the chunked trace does
+    not allocate: at each of the ``ttt_steps`` steps every draft layer builds ``cat(K_0..K_j, zeros)`` and the same
+    for V, ``[rows, kv_heads, ttt_steps * length, head_dim]`` each (train.ttt_attention.padded_step_keys), so the
+    future steps keep one compiled shape. About 1.6 GB at the 8B recipe (4 x 2048 tokens, 7 steps, 8 kv heads of
+    128). Zero when the recipe asks for the chunked (or dense) kernel."""
+    if backend not in ("auto", "flex"):  # auto: flex on the CUDA GPUs this plans for
+        return 0
+    layer = draft_config.transformer_layer_config
+    kv_heads = int(layer.get("num_key_value_heads") or layer["num_attention_heads"])
+    one = rows * kv_heads * ttt_steps * length * draft_config.head_dim * dtype.itemsize
+    return 2 * one * ttt_steps * draft_config.num_layers
+
+
 def batch_bytes(batch: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in batch.values())
 
@@ -276,7 +305,14 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     algorithm = algorithms.get(draft_config.SPECULATORS_MODEL_TYPE)
     aux_width = len(algorithm.aux_layer_ids(draft_config)) * hidden
     batch = meta_batch(rows, length, aux_width, hidden, dtype)
-    activations = trace_step(model, head, batch, objective)
+    flex_keys = 0
+    if (
+        algorithm.drafting == "sequential"
+    ):  # the TTT unroll's flex attention pads its keys (train.ttt_attention)
+        flex_keys = flex_padded_key_bytes(
+            rows, length, objective.steps, draft_config, dtype, train_cfg.attention_backend
+        )
+    activations = trace_step(model, head, batch, objective) + flex_keys
     static, peak, frozen = {}, {}, {}
     for stage in STAGES:
         key = f"zero{stage}"
@@ -290,8 +326,8 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     recipe_stage = settings.deepspeed.zero_stage
     return {
         "recipe": settings.recipe_name,
-        "verifier": verifier_name,
-        "verifier_config": str(shipped_verifier_dir(verifier_name) or "the verifier's own config.json"),
+        "verifier": public_name(verifier_name),  # a plan may be shared or committed: no local path in it
+        "verifier_config": shipped_config_name(verifier_name),
         "dtype": "bfloat16" if bf16 else "float32",
         "data_mode": train_cfg.data_mode,
         "micro_batch_size": rows,
@@ -309,6 +345,7 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
         },
         "batch_bytes": batch_bytes(batch),
         "activation_peak_bytes": activations,
+        "flex_padded_keys_bytes": flex_keys,  # included in activation_peak_bytes
         "static_bytes_per_rank": static,
         "frozen_bytes_per_rank": frozen,
         "peak_bytes_per_rank": peak,
@@ -334,7 +371,7 @@ def summary_line(plan: dict[str, Any]) -> str:
 
 def write_plan(config: TrainSettings | dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """Plan, write ``<run_dir>/memory_plan.json`` atomically and print the one-line summary."""
-    plan = plan_memory(config)
+    plan = scrub(plan_memory(config), Path(run_dir))  # relative to the run at most (speculators.local_paths)
     target = Path(run_dir) / "memory_plan.json"
     atomic_write_json(target, plan)
     print(summary_line(plan) + f" -> {target}", flush=True)

@@ -15,10 +15,11 @@ draft (DFlash) its whole block (``draft_slots``); block drafts have no tree.
 from __future__ import annotations
 
 import platform
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,6 +28,7 @@ import torch
 from speculators.atomic import atomic_write_json
 from speculators.decoding import DecodingConfig, DecodingStats, SpeculativeDecoder, eos_ids, plain_generate
 from speculators.decoding.drafters import default_k
+from speculators.eval.plot import algorithm_name
 from speculators.eval.prompts import Messages, load_prompts, select_prompts
 from speculators.models.draft import DraftModel
 
@@ -133,6 +135,7 @@ class EvalInputs:
     token_prompts: list[list[int]]
     cut: dict[str, int]  # prompts shortened to fit / skipped as too long
     stop: list[int]  # end-of-sequence ids of the tokenizer and the model
+    identity: dict[str, Any] = field(default_factory=dict)  # recipe, algorithm and display name of the draft
 
 
 def evaluate(
@@ -210,9 +213,51 @@ def load_inputs(
         tokenizer, conversations, settings.max_prompt_tokens, settings.max_prompts
     )
     stop = sorted(set(eos_ids(tokenizer)) | set(eos_ids(model)))
+    identity = draft_identity(draft if isinstance(draft, Path) else None, draft_dir, draft_model)
     return EvalInputs(
-        draft_model, draft_dir, verifier_name, model, tokenizer, conversations, token_prompts, cut, stop
+        draft_model,
+        draft_dir,
+        verifier_name,
+        model,
+        tokenizer,
+        conversations,
+        token_prompts,
+        cut,
+        stop,
+        identity,
     )
+
+
+CARD_RECIPE_ROW = re.compile(r"^\| recipe \| `(?P<name>[^`]+)` \|$", re.M)
+CARD_ALGORITHM = re.compile(
+    r"^  algorithm: (?P<algorithm>\w+)$", re.M
+)  # train.algorithm in the card's recipe
+
+
+def draft_identity(source: Path | None, draft_dir: Path | None, draft: DraftModel) -> dict[str, Any]:
+    """``{"recipe", "algorithm", "name"}`` of a draft, for titles and tables: the training recipe and algorithm
+    from the run directory when ``source`` is a run or one of its checkpoints, else from the model card
+    ``speculators export`` wrote beside the weights, else the config's ``algorithm`` alone. Never the directory
+    name: an export is typically called ``export``."""
+    from speculators.runs import locate_checkpoint, recipe_value
+
+    recipe_name, algorithm = None, None
+    if source is not None:
+        try:
+            recipe = locate_checkpoint(source).recipe
+        except (OSError, ValueError):
+            recipe = {}
+        recipe_name, algorithm = recipe.get("recipe_name"), recipe_value(recipe, "train.algorithm")
+    card = draft_dir / "README.md" if draft_dir is not None else None
+    if recipe_name is None and card is not None and card.is_file():
+        text = card.read_text(errors="replace")
+        if found := CARD_RECIPE_ROW.search(text):
+            recipe_name = found["name"]
+            algorithm = algorithm or (m["algorithm"] if (m := CARD_ALGORITHM.search(text)) else None)
+    algorithm = algorithm or draft.config.speculators_config.algorithm
+    shown = algorithm_name(algorithm)
+    name = f"{recipe_name} ({shown})" if recipe_name else f"{shown} draft"
+    return {"recipe": recipe_name, "algorithm": algorithm, "name": name}
 
 
 def describe(inputs: EvalInputs, prompt_source: str, settings: EvalSettings, device: str) -> dict[str, Any]:
@@ -220,6 +265,9 @@ def describe(inputs: EvalInputs, prompt_source: str, settings: EvalSettings, dev
     prompts = inputs.token_prompts
     return {
         "draft": str(inputs.draft_dir) if inputs.draft_dir else "in-memory",
+        "draft_name": inputs.identity.get("name") or "in-memory draft",
+        "draft_recipe": inputs.identity.get("recipe"),
+        "draft_algorithm": inputs.identity.get("algorithm"),
         "verifier": inputs.verifier_name,
         "prompts": {
             "source": prompt_source,
@@ -435,7 +483,8 @@ def write_results(results: dict[str, Any], output_dir: Path) -> None:
 def format_table(results: dict[str, Any]) -> str:
     """A short human-readable summary for the console."""
     lines = [
-        f"verifier {results['verifier']}  draft {results['draft']}  prompts {results['prompts']['count']}"
+        f"verifier {results['verifier']}  draft {results.get('draft_name', '')} ({results['draft']})  "
+        f"prompts {results['prompts']['count']}"
     ]
     if "plain" in results:
         lines.append(f"  plain                    {results['plain']['tokens_per_s']:8.1f} tok/s")

@@ -1,4 +1,5 @@
-"""The evaluation plot: per-position acceptance of every run, and acceptance length against k for the chains."""
+"""The evaluation plot: per-position acceptance of every run, and acceptance length against k for the chains (the
+speed-ups when only one k ran), titled by the draft's recipe and algorithm."""
 
 from __future__ import annotations
 
@@ -6,11 +7,34 @@ from pathlib import Path
 from typing import Any
 
 from speculators.atomic import fsync_replace, temp_sibling
+from speculators.local_paths import public_name
+
+ALGORITHM_NAMES = {
+    "eagle3": "EAGLE-3",
+    "hass": "HASS",
+    "peagle": "P-EAGLE",
+    "dflash": "DFlash",
+    "dspark": "DSpark",
+}
 
 
-def plot_acceptance(results: dict[str, Any], path: Path) -> Path:
-    """Left: conditional per-position acceptance per run. Right: acceptance length (global and per-sample mean)
-    vs chain length k, with vLLM's where it ran. Written atomically (temp name, then rename)."""
+def algorithm_name(algorithm: str | None) -> str:
+    """``hass`` → ``HASS``: how papers and the model card spell a training algorithm."""
+    return ALGORITHM_NAMES.get(str(algorithm), str(algorithm).upper()) if algorithm else "draft"
+
+
+def plot_title(results: dict[str, Any]) -> str:
+    """``<recipe> (<algorithm>) on <verifier>``: a draft is known by what trained it, not by its directory (the
+    directory of an export is usually just ``export``). Older results without ``draft_name`` keep the dir name."""
+    draft = results.get("draft_name") or Path(str(results["draft"])).name
+    return f"{draft} on {public_name(str(results['verifier']))}"
+
+
+def build_figure(results: dict[str, Any]):
+    """Left: conditional per-position acceptance per run. Right, with two or more chain lengths: acceptance length
+    (global and per-sample mean) vs k, with vLLM's where it ran. With one k a curve would be a single point, so the
+    right panel shows the speed-up of every run over plain decoding instead (acceptance length when no baseline
+    ran)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never needs a display
@@ -33,33 +57,84 @@ def plot_acceptance(results: dict[str, Any], path: Path) -> Path:
     left.grid(alpha=0.3)
     left.legend(fontsize=8)
     chains = sorted((r for r in runs if r["method"] == "chain"), key=lambda r: r["k"])
-    if chains:
-        ks = [r["k"] for r in chains]
-        right.plot(
-            ks, [r["acceptance_length_global"] for r in chains], marker="o", label="ours, global ratio"
-        )
-        right.plot(
-            ks,
-            [r["acceptance_length_per_sample_mean"] for r in chains],
-            marker="s",
-            linestyle="--",
-            label="ours, per-sample mean",
-        )
-        vllm = results.get("vllm") or {}
-        points = [
-            (r["k"], vllm[r["name"]]["acceptance_length"])
-            for r in chains
-            if isinstance(vllm.get(r["name"]), dict) and vllm[r["name"]].get("acceptance_length")
-        ]
-        if points:
-            right.plot(*zip(*points, strict=True), marker="^", label="vLLM")
-        right.plot(ks, [k + 1 for k in ks], color="grey", linestyle=":", label="ceiling k + 1")
-        right.set_xticks(ks)
-    right.set(xlabel="speculative tokens k", ylabel="acceptance length", title="Acceptance length vs k")
-    right.grid(alpha=0.3)
-    right.legend(fontsize=8)
-    fig.suptitle(f"{Path(str(results['draft'])).name} on {Path(str(results['verifier'])).name}", fontsize=10)
+    if len({r["k"] for r in chains}) >= 2:
+        _acceptance_vs_k(right, chains, results.get("vllm") or {})
+    else:
+        _speedups(right, runs, results.get("vllm") or {})
+    fig.suptitle(plot_title(results), fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def _acceptance_vs_k(axis, chains: list[dict[str, Any]], vllm: dict[str, Any]) -> None:
+    ks = [r["k"] for r in chains]
+    axis.plot(ks, [r["acceptance_length_global"] for r in chains], marker="o", label="ours, global ratio")
+    axis.plot(
+        ks,
+        [r["acceptance_length_per_sample_mean"] for r in chains],
+        marker="s",
+        linestyle="--",
+        label="ours, per-sample mean",
+    )
+    points = [
+        (r["k"], vllm[r["name"]]["acceptance_length"])
+        for r in chains
+        if isinstance(vllm.get(r["name"]), dict) and vllm[r["name"]].get("acceptance_length")
+    ]
+    if points:
+        axis.plot(*zip(*points, strict=True), marker="^", label="vLLM")
+    axis.plot(ks, [k + 1 for k in ks], color="grey", linestyle=":", label="ceiling k + 1")
+    axis.set_xticks(ks)
+    axis.set(xlabel="speculative tokens k", ylabel="acceptance length", title="Acceptance length vs k")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+
+
+def _speedups(axis, runs: list[dict[str, Any]], vllm: dict[str, Any]) -> None:
+    """One bar per run (and per vLLM run beside it): tokens/s over plain decoding, labelled with the acceptance
+    length that bought it. Without a plain baseline (``--no-plain``), the acceptance lengths against k + 1."""
+    names = [run["name"] for run in runs]
+    ours = [run.get("speedup") for run in runs]
+    theirs = [(vllm.get(name) or {}).get("speedup_vs_vllm_plain") for name in names]
+    if any(v is not None for v in ours):
+        width = 0.38 if any(v is not None for v in theirs) else 0.6
+        xs = list(range(len(names)))
+        bars = axis.bar([x - (width / 2 if width < 0.6 else 0) for x in xs], [v or 0 for v in ours], width,
+                        label="ours")  # fmt: skip
+        for bar, run in zip(bars, runs, strict=True):
+            axis.annotate(
+                f"{run.get('speedup') or 0:.2f}x\nAL {run['acceptance_length_global']:.2f}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        if width < 0.6:
+            axis.bar([x + width / 2 for x in xs], [v or 0 for v in theirs], width, label="vLLM")
+        axis.axhline(1.0, color="grey", linestyle=":", label="plain decoding")
+        axis.set_xticks(xs, names)
+        axis.set(ylabel="speed-up (tokens/s over plain)", title="Speed-up over plain decoding")
+    else:
+        bars = axis.bar(
+            names, [run["acceptance_length_global"] for run in runs], 0.6, label="acceptance length"
+        )
+        for bar, run in zip(bars, runs, strict=True):
+            axis.annotate(f"{run['acceptance_length_global']:.2f} of {run['k'] + 1}",
+                          (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                          fontsize=8)  # fmt: skip
+        axis.set(
+            ylabel="acceptance length",
+            title="Acceptance length (no plain baseline: no speed-up)",
+        )
+    axis.grid(alpha=0.3, axis="y")
+    axis.legend(fontsize=8)
+
+
+def plot_acceptance(results: dict[str, Any], path: Path) -> Path:
+    """:func:`build_figure` written as a PNG atomically (temp name, then rename)."""
+    import matplotlib.pyplot as plt
+
+    fig = build_figure(results)
     temp = temp_sibling(path)
     try:
         fig.savefig(temp, dpi=110, format="png")

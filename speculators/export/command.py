@@ -107,6 +107,11 @@ def _add_push(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="push even though verifier.name_or_path is a local path",
     )
+    parser.add_argument(
+        "--allow-local-paths",
+        action="store_true",
+        help="push even though a file (model card, results) holds an absolute local path",
+    )
     parser.set_defaults(func=run_push)
 
 
@@ -188,6 +193,7 @@ def run_push(args: argparse.Namespace) -> int:
             revision=args.revision,
             commit_message=args.commit_message,
             allow_local_verifier=args.allow_local_verifier,
+            allow_local_paths=args.allow_local_paths,
         )
     )
     if result is not None:

@@ -17,6 +17,7 @@ from speculators.export.model_card import (
     CardInfo,
     add_eval_results,
     find_eval_artifacts,
+    read_eval_results,
     render_model_card,
     training_summary,
     validation_artifacts,
@@ -77,6 +78,8 @@ def export_checkpoint(
         raise ValueError(
             f"dtype {dtype!r}: use one of {EXPORT_DTYPES} (bfloat16 is what drafts are published in)"
         )
+    if model_card and eval_results is not None:
+        read_eval_results(eval_results)  # a mistyped --eval-results fails before any weight is converted
     checkpoint = locate_checkpoint(source)
     draft_config, tensors = read_trainer_weights(checkpoint)
     verifier_ref = (
@@ -121,6 +124,7 @@ def export_checkpoint(
             recipe=checkpoint.recipe,
             training=training_summary(checkpoint.run_dir, checkpoint.trainer_state, checkpoint.best),
             evals=evals,
+            run_dir=checkpoint.run_dir,
         )
         extra["README.md"] = render_model_card(card)
         extra.update(evals.plots)

@@ -13,6 +13,7 @@ from typing import Any
 
 from speculators.format.checkpoint import read_config
 from speculators.format.validate import errors, validate_checkpoint
+from speculators.local_paths import local_paths_in_files
 
 
 @dataclass
@@ -36,11 +37,15 @@ def push_checkpoint(
     commit_message: str | None = None,
     token: str | None = None,
     allow_local_verifier: bool = False,
+    allow_local_paths: bool = False,
     api: Any = None,
 ) -> PushResult:
     """Validate ``directory`` and upload it to ``repo_id`` (created if absent; ``revision`` a branch, created from
     main if absent). Refuses an invalid checkpoint, and by default one whose verifier is a local path (nobody who
-    downloads it could `vllm serve` it: re-export with ``--verifier-name <hub id>``)."""
+    downloads it could `vllm serve` it: re-export with ``--verifier-name <hub id>``), and by default any file
+    that holds an absolute local path (a model card, results, a plan: it leaks the user's directory layout and
+    names nothing a downloader has; ``allow_local_paths`` overrides, ``allow_local_verifier`` allows the verifier's
+    own path only)."""
     directory = Path(directory)
     findings = validate_checkpoint(directory)
     if errors(findings):
@@ -54,6 +59,8 @@ def push_checkpoint(
             f"refusing to push {directory}: verifier.name_or_path is the local path {verifier!r}, which nobody else "
             "can resolve; re-export with --verifier-name <hub id of the verifier> (or pass --allow-local-verifier)"
         )
+    if not allow_local_paths:
+        refuse_local_paths(directory, allowed=[verifier] if allow_local_verifier else [])
     if api is None:
         from huggingface_hub import HfApi
 
@@ -70,3 +77,29 @@ def push_checkpoint(
         ignore_patterns=[".*"],
     )
     return PushResult(repo_id=repo_id, revision=revision, commit=commit)
+
+
+def uploaded_files(directory: Path) -> list[Path]:
+    """The files ``upload_folder`` sends: everything under ``directory`` but hidden names (``ignore_patterns``)."""
+    return sorted(
+        path
+        for path in directory.rglob("*")
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(directory).parts)
+    )
+
+
+def refuse_local_paths(directory: Path, allowed: list[str] | None = None) -> None:
+    """Raise naming every file to be uploaded that holds an absolute local path, with the paths found."""
+    found = local_paths_in_files(uploaded_files(directory), allowed or [])
+    if not found:
+        return
+    lines = "\n  ".join(
+        f"{path.relative_to(directory)}: {', '.join(paths[:3])}"
+        + (f" (+{len(paths) - 3} more)" if len(paths) > 3 else "")
+        for path, paths in found.items()
+    )
+    raise ValueError(
+        f"refusing to push {directory}: these files hold absolute local paths, which name your machine's "
+        f"directories and nothing a downloader has:\n  {lines}\nre-export with the current `speculators export` "
+        "(cards name models by hub id; --verifier-name <hub id>), edit the files, or pass --allow-local-paths"
+    )

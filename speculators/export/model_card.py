@@ -1,6 +1,9 @@
 """The ``README.md`` model card of an exported draft: what it drafts for, how it was trained, how well it does, and
 the two ways to serve it with vLLM. Everything shown is read from the run directory; sections without data are
 left out rather than filled with placeholders.
+
+A card is written for strangers: it names models by hub id (or the name the user gave) and shows paths relative
+to the run directory at most, never an absolute local path (``speculators.local_paths``; ``push`` checks).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from speculators.local_paths import is_local_path, public_name, public_path, scrub
 
 EVAL_WORDS = ("eval", "acceptance", "bench")
 SKIPPED_RUN_SUBDIRS = ("checkpoints", "hydra", "wandb", ".hydra")
@@ -44,6 +49,7 @@ class CardInfo:
     recipe: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
     evals: EvalArtifacts = field(default_factory=EvalArtifacts)
+    run_dir: Path | None = None  # paths inside it are shown relative to it; any other local path by name only
 
 
 # ---- gathering ---------------------------------------------------------------------------------------------
@@ -124,10 +130,9 @@ def find_eval_artifacts(run_dir: Path | None) -> EvalArtifacts:
     return found
 
 
-def add_eval_results(evals: EvalArtifacts, path: str | Path) -> None:
-    """Add a ``results.json`` written by ``speculators eval`` (and the ``acceptance.png`` beside it) to ``evals``,
-    so that a card made after the evaluation carries what it measured. The same file found in the run directory
-    is not shown twice."""
+def read_eval_results(path: str | Path) -> dict[str, Any]:
+    """The ``results.json`` of ``speculators eval`` at ``path``, or an error naming the file and the fix. The
+    exporter calls it before converting any weight, so a mistyped ``--eval-results`` costs no conversion."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -142,9 +147,18 @@ def add_eval_results(evals: EvalArtifacts, path: str | Path) -> None:
             f"--eval-results {path}: not the results.json of `speculators eval` (no runs with "
             "acceptance_length_global)"
         )
+    return data
+
+
+def add_eval_results(evals: EvalArtifacts, path: str | Path) -> None:
+    """Add a ``results.json`` written by ``speculators eval`` (and the ``acceptance.png`` beside it) to ``evals``,
+    so that a card made after the evaluation carries what it measured. The same file found in the run directory
+    is not shown twice."""
+    path = Path(path)
+    data = read_eval_results(path)
     if path.resolve() in evals.results_files:
         return
-    evals.tables += eval_results_tables(data, str(path))
+    evals.tables += eval_results_tables(data, public_path(path))
     evals.results_files.add(path.resolve())
     plot = path.with_name("acceptance.png")
     shown = {p.resolve() for p in evals.plots.values() if isinstance(p, Path)}
@@ -170,11 +184,11 @@ def eval_results_tables(results: dict[str, Any], origin: str) -> list[tuple[str,
     settings = results.get("settings") or {}
     temperature = settings.get("temperature", 0)
     title = (
-        f"Measured by `speculators eval` (`{origin}`): {prompts.get('count', '?')} prompts from "
-        f"`{prompts.get('source', '?')}`, up to {settings.get('max_new_tokens', '?')} new tokens, "
+        f"Measured by `speculators eval` (`{public_path(origin)}`): {prompts.get('count', '?')} prompts from "
+        f"`{public_path(prompts.get('source', '?'))}`, up to {settings.get('max_new_tokens', '?')} new tokens, "
         f"{'greedy' if not temperature else f'temperature {temperature}'}, {settings.get('dtype', '?')} on "
-        f"{settings.get('device', '?')}, draft `{results.get('draft', '?')}`, "
-        f"verifier `{results.get('verifier', '?')}`. Acceptance length = tokens per verify step (vLLM's mean "
+        f"{settings.get('device', '?')}, draft `{results.get('draft_name') or public_name(results.get('draft', '?'))}`, "
+        f"verifier `{public_name(results.get('verifier', '?'))}`. Acceptance length = tokens per verify step (vLLM's mean "
         "acceptance length); per-position acceptance j = P(draft j accepted | drafts before it accepted); "
         "speedup = tokens/s against plain decoding of the same prompts:"
     )
@@ -312,15 +326,18 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def render_model_card(info: CardInfo) -> str:
+    """The card's markdown. Every absolute local path left in what it shows (a recipe value, a source directory, a
+    results file) is replaced on the way out: relative to ``info.run_dir`` inside it, else by its name only."""
     config = info.config
     spec = config["speculators_config"]
-    verifier = spec["verifier"]["name_or_path"]
+    local_verifier = is_local_path(spec["verifier"]["name_or_path"])
+    verifier = public_name(spec["verifier"]["name_or_path"])
     k = spec["proposal_methods"][0]["speculative_tokens"]
     layer = config["transformer_layer_config"]
     parts = [
         f"# {info.title}",
         "",
-        f"An EAGLE-3 speculative-decoding draft for `{info.verifier_ref}`, in the standard `speculators` checkpoint "
+        f"An EAGLE-3 speculative-decoding draft for `{public_name(info.verifier_ref) if local_verifier else verifier}`, in the standard `speculators` checkpoint "
         "format: vLLM serves it as it is. The draft proposes tokens; the verifier checks them, so the output is "
         "exactly the verifier's.",
         *(
@@ -357,23 +374,25 @@ def render_model_card(info: CardInfo) -> str:
             ]
         ),
         "",
-        serving_section(verifier, k),
+        serving_section(verifier, k, local_verifier),
     ]
     if info.training or info.recipe:
         parts += ["", training_section(info)]
     if info.evals.tables or info.evals.plots:
         parts += ["", evaluation_section(info.evals)]
-    return "\n".join(parts).rstrip() + "\n"
+    return scrub("\n".join(parts).rstrip() + "\n", info.run_dir)
 
 
-def serving_section(verifier: str, k: int) -> str:
+def serving_section(verifier: str, k: int, local_verifier: bool = False) -> str:
+    """How to serve the draft. ``verifier`` is its public name; ``local_verifier``: the config names a directory
+    on the exporting machine, which the reader must point at their own copy."""
     spec_config = json.dumps(
         {"method": "eagle3", "model": "<this directory or repo id>", "num_speculative_tokens": k}
     )
     local_note = (
-        f"\n`speculators_config.verifier.name_or_path` is the local directory `{verifier}`: on another machine, "
-        "point it at your copy of the verifier (or a hub id) before `vllm serve <draft>`.\n"
-        if verifier.startswith("/")
+        f"\n`speculators_config.verifier.name_or_path` is a directory (`{verifier}`) on the machine that exported "
+        "this draft: point it at your copy of the verifier (or a hub id) before `vllm serve <draft>`.\n"
+        if local_verifier
         else ""
     )
     return f"""## Serving with vLLM
@@ -412,7 +431,8 @@ def training_section(info: CardInfo) -> str:
     if recipe:
         import yaml
 
-        dumped = yaml.safe_dump(recipe, sort_keys=False, default_flow_style=False).strip()
+        public = scrub(recipe, info.run_dir)
+        dumped = yaml.safe_dump(public, sort_keys=False, default_flow_style=False).strip()
         text += [
             "",
             "<details><summary>Resolved recipe</summary>",

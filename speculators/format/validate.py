@@ -7,6 +7,7 @@ checkpoint unservable by at least one consumer; ``warning`` findings are legal b
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,16 @@ REQUIRED_LAYER_KEYS = (
     "num_key_value_heads",
     "rms_norm_eps",
     "max_position_embeddings",
+)
+
+
+# Keys only a draft's config.json has (speculators format, or the EAGLE-3 / SpecForge layouts convert reads).
+DRAFT_CONFIG_KEYS = (
+    "speculators_config",
+    "speculators_model_type",
+    "draft_vocab_size",
+    "eagle_config",
+    "eagle_aux_hidden_state_layer_ids",
 )
 
 
@@ -52,6 +63,8 @@ def validate_checkpoint(
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as exc:
         return [Finding("error", str(config_path), f"is not valid JSON ({exc}); rewrite it")]
+    if (not_draft := model_not_draft(config)) is not None:
+        return [Finding("error", str(config_path), not_draft)]  # its weights (16 GB for 8B) are never read
     findings = list(_config_findings(config, str(config_path)))
     if verifier_config is None:
         verifier_config = _local_verifier_config(config)
@@ -62,6 +75,24 @@ def validate_checkpoint(
     ):
         findings += list(_weight_findings(config, directory))
     return findings
+
+
+def model_not_draft(config: Any) -> str | None:
+    """Why a ``config.json`` is a model's (a verifier's: HF ``model_type``, no ``speculators_config``) rather than
+    a draft's, or None. Said first and alone, because every other finding about a model would be noise and
+    reading its weights would take minutes for nothing."""
+    if not isinstance(config, dict) or any(key in config for key in DRAFT_CONFIG_KEYS):
+        return None
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or any("eagle" in str(a).lower() for a in architectures):
+        return None  # a draft in another layout (original EAGLE-3, SpecForge): `speculators convert` reads it
+    if "model_type" not in config and not architectures:
+        return None
+    kind = config.get("model_type") or ", ".join(config.get("architectures") or [])
+    return (
+        f"this is a model ({kind}), not a speculators draft: it has no speculators_config. Give the draft "
+        "directory (e.g. the output of `speculators export`) and name this model with --verifier"
+    )
 
 
 def errors(findings: list[Finding]) -> list[Finding]:
@@ -136,6 +167,8 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
     ids = config.get("eagle_aux_hidden_state_layer_ids")
     if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or not ids):
         yield error("eagle_aux_hidden_state_layer_ids must be a non-empty list of integers")
+    elif (aux_error := aux_layer_id_error(ids)) is not None:
+        yield error(aux_error)
     elif ids is None:
         yield warning("eagle_aux_hidden_state_layer_ids is missing; vLLM will use its default [2, L//2, L-3]")
     elif ids != sorted(set(ids)):
@@ -149,6 +182,30 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
             yield warning(
                 f"{flag} is true: only recent vLLM releases read it; a max-compat export leaves it false"
             )
+
+
+def aux_layer_id_error(ids: Any) -> str | None:
+    """What is wrong with aux layer ids that no verifier could make right, or None. Checked without the verifier
+    (a hub-id verifier is read only when already cached): vLLM captures layer k's input only for ``k in range(L + 1)``, so a negative id is never
+    captured and fc reads fewer features than it was trained on; a bool is an int to Python and JSON's ``true`` to
+    the config, never a layer. The upper bound needs the verifier's L (``_verifier_findings``)."""
+    if not isinstance(ids, list):
+        return None
+    flags = [i for i in ids if isinstance(i, bool)]
+    if flags:
+        return (
+            f"eagle_aux_hidden_state_layer_ids {ids} hold booleans {flags}: write layer numbers (id k = the "
+            "residual stream entering verifier layer k)"
+        )
+    negative = [i for i in ids if isinstance(i, int) and i < 0]
+    if negative:
+        return (
+            f"eagle_aux_hidden_state_layer_ids {ids} hold negative ids {negative}: vLLM and the speculators library "
+            "capture the stream entering layer k only for k in [0, L] (no Python-style counting from the end), so "
+            "fc would read fewer features than it was trained on; write the absolute layer numbers the draft was "
+            "trained on"
+        )
+    return None
 
 
 def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
@@ -200,10 +257,31 @@ def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
 # ---- against the verifier ----------------------------------------------------------------------------------
 def _local_verifier_config(config: dict[str, Any]) -> dict[str, Any] | None:
     try:
-        path = Path(config["speculators_config"]["verifier"]["name_or_path"]) / "config.json"
+        name = config["speculators_config"]["verifier"]["name_or_path"]
+        path = Path(name) / "config.json"
     except (KeyError, TypeError):
         return None
-    return json.loads(path.read_text()) if path.is_file() else None
+    return json.loads(path.read_text()) if path.is_file() else cached_hub_config(name)
+
+
+def cached_hub_config(name: Any) -> dict[str, Any] | None:
+    """The ``config.json`` of the hub id ``name`` when the local Hugging Face cache already holds it, else None.
+    Never downloads: the validator runs offline, and a hub-id verifier would otherwise escape the checks that need
+    its layer count (aux ids above L, which vLLM never captures)."""
+    if not isinstance(name, str) or name.count("/") != 1 or name.startswith((".", "/", "~")):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE"))
+    except Exception:  # an id the hub library refuses, or no hub library: nothing cached to read
+        return None
+    if not isinstance(cached, str) or not Path(cached).is_file():
+        return None
+    try:
+        return json.loads(Path(cached).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def _verifier_findings(config: dict[str, Any], verifier: dict[str, Any], where: str) -> Iterator[Finding]:

@@ -19,6 +19,7 @@ from speculators.format import Eagle3Config
 from speculators.format.checkpoint import read_config
 from speculators.models import Eagle3DraftModel
 from speculators.vocab import DraftVocab, build_draft_vocab
+from tests.conftest import require_consumer
 
 DRAFT_VOCAB = 8192
 SPECULATIVE_TOKENS = 3
@@ -137,7 +138,9 @@ def vllm_runs(
     fp32 for the greedy comparisons (bf16 batch numerics change some greedy tokens, docs/environment.md); the
     deterministic-acceptance runs use bf16, vLLM's serving dtype, since zero logits are exact in any dtype.
     """
-    from speculators.serving import VllmRequest, eagle3_speculative_config, run_vllm
+    from speculators.serving import VllmRequest, eagle3_speculative_config, run_vllm, vllm_available
+
+    require_consumer(vllm_available(), "the vLLM virtualenv", "vllm-env")
 
     _, random_dir = random_draft
     greedy = dict(prompts=CHAT_PROMPTS, max_tokens=GREEDY_TOKENS, dtype="float32", max_model_len=512)

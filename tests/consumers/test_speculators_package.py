@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from speculators.format.checkpoint import load_tensors
+from tests.conftest import require_consumer
 
 pytestmark = pytest.mark.consumer
 
@@ -13,7 +14,9 @@ pytestmark = pytest.mark.consumer
 @pytest.fixture(scope="module")
 def loaded(random_draft):
     from speculators.serving import load_with_speculators_package
+    from speculators.serving.speculators_package import speculators_package_available
 
+    require_consumer(speculators_package_available(), "the speculators virtualenv", "speculators-env")
     _, directory = random_draft
     return load_with_speculators_package(directory)
 

@@ -28,6 +28,8 @@ from speculators.decoding.engine import DecodingConfig, SpeculativeDecoder
 from speculators.export import convert_checkpoint
 from speculators.format.config import Eagle3Config, default_aux_layer_ids
 from speculators.models import Eagle3DraftModel
+from speculators.serving import vllm_bridge as bridge
+from tests.conftest import require_consumer
 from tests.export.conftest import write_eagle3_original, write_specforge
 from tests.export.test_convert import make_old_speculators
 from tests.support import quickfit  # the quick-fit mini trainer: imported in this one place only
@@ -179,11 +181,14 @@ def checkpoints(root, fitted) -> dict[str, tuple[str, Path]]:
 
 
 @pytest.fixture(scope="module")
-def served(checkpoints, fitted, root) -> dict[str, Any]:
+def vllm_env() -> None:
+    """The one rule for a missing consumer (skip locally, fail under CI=true), checked before any draft is fitted."""
+    require_consumer(bridge.vllm_available(), "the vLLM virtualenv", "vllm-env")
+
+
+@pytest.fixture(scope="module")
+def served(vllm_env, checkpoints, fitted, root) -> dict[str, Any]:
     """Every checkpoint in ONE vLLM worker run (one vLLM import; engines one after another), fp32, greedy."""
-    bridge = pytest.importorskip("speculators.serving.vllm_bridge")
-    if not bridge.vllm_available():
-        pytest.skip("the vLLM virtualenv is missing: run `make vllm-env`")
     requests = []
     for name, (which, directory) in checkpoints.items():
         source = fitted[which]

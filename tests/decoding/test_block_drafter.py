@@ -16,15 +16,25 @@ import copy
 
 import pytest
 import torch
-from conftest import tiny_model
-from test_lossless import FAIL_P, NEW, PASS_P, PROMPT, ROWS, VOCAB, AcceptAlways, exact_joint, p_value
 
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, plain_generate
 from speculators.decoding.block_drafter import BlockDrafter
 from speculators.decoding.drafter import Segment
 from speculators.models.dflash import block_attention
 from speculators.verifier import capture_aux_states
+from tests.decoding.test_lossless import (
+    FAIL_P,
+    NEW,
+    PASS_P,
+    PROMPT,
+    ROWS,
+    VOCAB,
+    AcceptAlways,
+    exact_joint,
+    p_value,
+)
 from tests.support.dflash_drafts import random_dflash_draft
+from tests.support.tiny_models import tiny_model
 
 SMALL_VOCAB = 32
 GREEDY_NEW = 24

@@ -8,9 +8,9 @@ import copy
 
 import pytest
 import torch
-from conftest import random_draft, single_thread
 
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, plain_generate
+from tests.support.tiny_models import random_draft, single_thread
 
 NEW = 32
 PROMPTS = 32  # all shipped prompts

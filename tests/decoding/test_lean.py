@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_draft, tiny_model
 
 from speculators.decoding.engine import VerifierRunner
 from speculators.decoding.tree import DraftTree
+from tests.support.tiny_models import random_draft, tiny_model
 
 AUX = [1, 4, 8]  # id 8 = the last layer's output before the final norm (8-layer tiny models)
 

@@ -9,11 +9,11 @@ import itertools
 
 import pytest
 import torch
-from conftest import random_draft, tiny_model
 from scipy.stats import chisquare
 
 from speculators.decoding import DecodingConfig, RejectionSampler, SpeculativeDecoder, plain_generate
 from speculators.decoding.sampling import target_probs
+from tests.support.tiny_models import random_draft, tiny_model
 
 VOCAB = 8
 PROMPT = [1, 2, 3]

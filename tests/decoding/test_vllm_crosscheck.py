@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import single_thread
 
 from tests.conftest import require_consumer
+from tests.support.tiny_models import single_thread
 
 pytestmark = pytest.mark.consumer
 

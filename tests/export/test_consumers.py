@@ -18,6 +18,8 @@ from safetensors.torch import load_file, save_file
 from speculators.cli import main as cli_main
 from speculators.export import convert_checkpoint, export_checkpoint
 from speculators.format import load_checkpoint
+from speculators.serving import speculators_package as package
+from speculators.serving import vllm_bridge as bridge
 from tests.conftest import require_consumer
 from tests.export.conftest import (
     SERVABLE_SHAPE,
@@ -87,7 +89,6 @@ def checkpoints(tmp_path_factory, always_zero_verifier) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def served(checkpoints, always_zero_verifier):
     """Every configuration in ONE vLLM worker process (one import; engines one after another)."""
-    bridge = pytest.importorskip("speculators.serving.vllm_bridge")
     require_consumer(bridge.vllm_available(), "the vLLM virtualenv", "vllm-env")
     requests = {
         "auto": bridge.VllmRequest(model=checkpoints["accept"], prompts=PROMPTS),
@@ -136,7 +137,6 @@ def test_vllm_serves_converted_checkpoints(served, layout, k):
 @pytest.mark.parametrize("name", ["accept", "original"])
 def test_speculators_package_loads_it_offline_tensor_for_tensor(checkpoints, name):
     """speculators==0.9.0 (its own virtualenv) loads the directory offline and holds exactly our weights."""
-    package = pytest.importorskip("speculators.serving.speculators_package")
     require_consumer(package.speculators_package_available(), "the speculators virtualenv", "speculators-env")
     loaded = package.load_with_speculators_package(checkpoints[name])
     config, tensors = load_checkpoint(checkpoints[name])

@@ -74,9 +74,11 @@ def test_model_card_describes_run_evaluation_and_serving(run_dir, verifier_dir, 
     out = tmp_path / "carded"
     export_checkpoint(run_dir, out, speculative_tokens=3)
     card = (out / "README.md").read_text()
-    assert f"`{verifier_dir.resolve()}`" in card
+    assert str(verifier_dir.resolve()) not in card and str(run_dir) not in card  # no local path, by name only
+    assert f"| verifier | `{verifier_dir.name}` |" in card
+    assert f"is a directory (`{verifier_dir.name}`) on the machine that exported this draft" in card
     assert "vllm serve <this directory or repo id>" in card
-    assert f"vllm serve {verifier_dir.resolve()}" in card and '"num_speculative_tokens": 3' in card
+    assert f"vllm serve {verifier_dir.name}" in card and '"num_speculative_tokens": 3' in card
     assert "| recipe | `eagle3_test` |" in card and "`sharegpt_builtin`" in card
     assert "training time | 4.0 min" in card  # elapsed_seconds from trainer_state.json
     assert "best acceptance length | 1.75 (step 20)" in card
@@ -244,3 +246,17 @@ def test_export_runs_without_deepspeed_hydra_or_wandb(run_dir, tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "out" / "config.json").is_file()
+
+
+def test_bad_eval_results_fail_before_any_weight_is_read(tmp_path, verifier_dir, drafts, capsys):
+    """The weights here cannot be read at all: the --eval-results error must come first (an 8B conversion takes
+    minutes to reach the card)."""
+    run = make_run(tmp_path / "run", str(verifier_dir), {10: drafts[10]}, best_step=10)
+    (run / "checkpoints" / "step-10" / "draft" / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(FileNotFoundError, match="--eval-results .*no such file"):
+        export_checkpoint(run, tmp_path / "out", eval_results=tmp_path / "missing" / "results.json")
+    (tmp_path / "not-results.json").write_text(json.dumps({"runs": []}))
+    argv = ["export", str(run), str(tmp_path / "out"), "--eval-results", str(tmp_path / "not-results.json")]
+    assert cli_main(argv) == 1
+    assert "not the results.json of `speculators eval`" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

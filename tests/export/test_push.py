@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 from huggingface_hub import HfApi
 
-from speculators.export import push_checkpoint
+from speculators.export import export_checkpoint, push_checkpoint
 from speculators.export.hub import default_commit_message
-from tests.export.conftest import build_draft
+from speculators.local_paths import find_local_paths
+from tests.export.conftest import build_draft, make_run
 
 
 class RecordingHfApi:
@@ -38,7 +39,11 @@ class RecordingHfApi:
     def upload_folder(self, **kwargs):
         self._record("upload_folder", kwargs)
         folder = Path(kwargs["folder_path"])
-        self.uploaded = {p.name: p.read_bytes() for p in folder.iterdir() if not p.name.startswith(".")}
+        self.uploaded = {
+            p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in folder.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+        }
         return SimpleNamespace(
             commit_url=f"https://huggingface.co/{kwargs['repo_id']}/commit/abc123", oid="abc123"
         )
@@ -138,3 +143,83 @@ def test_cli_push_reports_refusal(published, capsys):
     (published / "model.safetensors").unlink(missing_ok=True)
     assert cli_main(["push", str(published), "me/tiny-eagle3"]) == 1
     assert "refusing to push" in capsys.readouterr().err
+
+
+def assert_no_local_path_uploaded(api: RecordingHfApi, *private: Path) -> None:
+    """Every uploaded file, read whole (a safetensors header included): none of the ``private`` directories, and
+    no absolute local path at all."""
+    assert api.uploaded
+    for name, data in api.uploaded.items():
+        text = data.decode("utf-8", errors="replace")
+        for directory in private:
+            assert str(directory) not in text, f"{name} holds {directory}"
+        assert find_local_paths(text) == [], (name, find_local_paths(text))
+
+
+def test_pushed_export_names_models_by_hub_id_and_leaks_no_local_path(tmp_path, small_verifier_dir):
+    """A real export of a run whose recipe, eval results and prompts all carry absolute paths (as a real run's
+    resolved recipe does), re-exported with a hub id, pushes without a single local path in any file."""
+    run = tmp_path / "runs" / "eagle3_tiny"
+    make_run(
+        run,
+        str(small_verifier_dir),
+        {10: build_draft(small_verifier_dir, draft_vocab_size=256)},
+        best_step=10,
+        extra_recipe={
+            "run_dir": str(run),
+            "train": {"data_dir": str(run / "data"), "init_from": str(tmp_path / "stage1" / "checkpoints")},
+            "data": {"name": "sharegpt_builtin", "path": str(tmp_path / "chats.jsonl")},
+        },
+    )
+    results = tmp_path / "evals" / "results.json"
+    results.parent.mkdir()
+    results.write_text(
+        json.dumps(
+            {
+                "draft": str(tmp_path / "export"),
+                "verifier": str(small_verifier_dir),
+                "prompts": {"source": str(tmp_path / "prompts.jsonl"), "count": 2},
+                "settings": {"max_new_tokens": 8, "temperature": 0, "dtype": "float32", "device": "cpu"},
+                "runs": [{"name": "chain-k3", "method": "chain", "k": 3, "acceptance_length_global": 1.5}],
+            }
+        )
+    )
+    out = tmp_path / "export"
+    export_checkpoint(run, out, verifier_name="example-org/tiny-llama", eval_results=results)
+    card = (out / "README.md").read_text()
+    assert "draft for `example-org/tiny-llama`" in card  # the hub id the user gave
+    assert "vllm serve example-org/tiny-llama" in card
+    assert "data_dir: data" in card and "run_dir: ." in card  # relative to the run
+    assert "init_from: <local>/checkpoints" in card and "path: <local>/chats.jsonl" in card
+    assert "(`<local>/results.json`)" in card and "prompts from `<local>/prompts.jsonl`" in card
+
+    api = RecordingHfApi()
+    push_checkpoint(out, "me/tiny-eagle3", api=api)
+    assert {"README.md", "config.json", "model.safetensors"} <= set(api.uploaded)
+    assert_no_local_path_uploaded(api, tmp_path, small_verifier_dir, Path.home())
+
+
+@pytest.mark.parametrize(
+    "name,content",
+    [
+        ("README.md", "# card\n\nre-exported from `/home/alice/runs/eagle3/export`\n"),
+        ("eval/results.json", json.dumps({"draft": "/root/.cache/drafts/x", "runs": []})),
+        ("memory_plan.json", json.dumps({"verifier_config": "C:\\Users\\bob\\config.json"})),
+    ],
+    ids=["card", "nested-results", "windows-plan"],
+)
+def test_push_refuses_any_file_with_a_local_path_unless_allowed(published, name, content):
+    (published / name).parent.mkdir(exist_ok=True)
+    (published / name).write_text(content)
+    api = RecordingHfApi()
+    with pytest.raises(ValueError, match=f"(?s){name}: .*--allow-local-paths") as refused:
+        push_checkpoint(published, "me/tiny-eagle3", api=api)
+    assert "refusing to push" in str(refused.value) and api.calls == []
+    push_checkpoint(published, "me/tiny-eagle3", allow_local_paths=True, api=api)
+    assert name in api.uploaded
+
+
+def test_every_pushed_file_of_the_fixture_is_clean(published):
+    api = RecordingHfApi()
+    push_checkpoint(published, "me/tiny-eagle3", api=api)
+    assert_no_local_path_uploaded(api, published)

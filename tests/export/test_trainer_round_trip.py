@@ -14,13 +14,13 @@ from speculators.export import export_checkpoint
 from speculators.models import Eagle3DraftModel
 from tests.conftest import REPO_ROOT
 from tests.export.conftest import draft_logits
+from tests.train import conftest as helpers  # the trainer tests' builders: a missing dependency is an error
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    helpers = pytest.importorskip("tests.train.conftest")
     root = tmp_path_factory.mktemp("trained")
     before = torch.get_num_threads()
     torch.set_num_threads(1)

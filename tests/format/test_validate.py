@@ -210,3 +210,58 @@ def test_cli_runs_as_module(good_checkpoint, tiny_llama_dir):
     )
     assert result.returncode == 0, result.stderr
     assert "0 error(s)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "ids,expected",
+    [
+        ([-1, 3, 5], "negative ids [-1]"),
+        ([-3, -2, -1], "negative ids [-3, -2, -1]"),
+        ([True, 3, 5], "booleans"),
+    ],
+    ids=["minus-one-first", "all-negative", "boolean"],
+)
+def test_impossible_aux_ids_are_rejected_without_the_verifier(
+    ids, expected, good_checkpoint, tmp_path, capsys
+):
+    """A hub-id verifier is never read, so the [0, L] range check cannot run; ids no verifier could make valid are
+    still refused. vLLM captures the stream entering layer k only for k in [0, L]: -1 would never be captured."""
+
+    def hub_verifier_with(config: dict) -> None:
+        config["speculators_config"]["verifier"]["name_or_path"] = "meta-llama/Llama-3.1-8B-Instruct"
+        config["eagle_aux_hidden_state_layer_ids"] = ids
+
+    bad = mutate(good_checkpoint, tmp_path / "bad", hub_verifier_with)
+    text = "\n".join(str(f) for f in errors(validate_checkpoint(bad)))
+    assert expected in text and "eagle_aux_hidden_state_layer_ids" in text, text
+    assert cli_main(["validate", str(bad)]) == 1
+    assert "1 error(s)" in capsys.readouterr().out
+
+
+def test_validate_names_a_verifier_directory_as_a_model_in_its_first_line(tiny_llama_dir, capsys):
+    assert cli_main(["validate", str(tiny_llama_dir)]) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("ERROR") and "this is a model (llama), not a speculators draft" in first
+
+
+def test_ids_above_the_layer_count_are_caught_for_a_hub_verifier_in_the_local_cache(
+    good_checkpoint, tiny_llama_dir, tmp_path, monkeypatch
+):
+    """vLLM never captures an id above L. A hub-id verifier's L is read from the local Hugging Face cache when it
+    is there (nothing is downloaded); with an empty cache the bound cannot be known and is not guessed."""
+
+    def hub_verifier(config: dict) -> None:
+        config["speculators_config"]["verifier"]["name_or_path"] = "example-org/tiny-llama"
+        config["eagle_aux_hidden_state_layer_ids"] = [2, 3, 9]
+
+    bad = mutate(good_checkpoint, tmp_path / "bad", hub_verifier)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    assert errors(validate_checkpoint(bad)) == []
+    snapshot = tmp_path / "hub" / "models--example-org--tiny-llama" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    shutil.copy(tiny_llama_dir / "config.json", snapshot / "config.json")
+    (tmp_path / "hub" / "models--example-org--tiny-llama" / "refs").mkdir()
+    (tmp_path / "hub" / "models--example-org--tiny-llama" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    text = "\n".join(str(f) for f in errors(validate_checkpoint(bad)))
+    assert "[9] are outside [0, 8]" in text, text

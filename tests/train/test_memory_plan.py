@@ -14,8 +14,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from speculators.local_paths import find_local_paths
 from tests.conftest import REPO_ROOT
-from train.memory_plan import LiveBytes, build_meta_draft, meta_head, plan_memory, trace_step
+from train.memory_plan import LiveBytes, build_meta_draft, meta_head, plan_memory, trace_step, write_plan
 
 RECIPES = sorted(p.stem for p in (REPO_ROOT / "recipes" / "recipe").glob("*.yaml"))
 KEYS = ("params_trainable", "params_frozen", "static_bytes_per_rank", "peak_bytes_per_rank")
@@ -40,7 +41,16 @@ def test_every_recipe_plans_offline(recipe, tiny_llama_dir):
     assert static["zero3"]["8"] < static["zero2"]["8"] < static["zero1"]["8"] < static["zero1"]["1"]
     assert static["zero2"]["1"] == plan["params_trainable"] * 16  # bf16 2 + 2, fp32 master 4, AdamW 8
     if "8b" in recipe:
-        assert plan["verifier_config"].startswith(str(REPO_ROOT / "recipes" / "verifiers"))
+        assert plan["verifier_config"].startswith("recipes/verifiers/")
+        assert (REPO_ROOT / plan["verifier_config"] / "config.json").is_file()
+
+
+def test_written_plan_holds_no_local_path(tiny_llama_dir, tmp_path, capsys):
+    """memory_plan.json may be shared or committed: a local verifier is named by its folder, nothing absolute."""
+    plan = write_plan(resolved("tiny_eagle3", f"verifier.name_or_path={tiny_llama_dir}"), tmp_path)
+    text = (tmp_path / "memory_plan.json").read_text()
+    assert str(tiny_llama_dir) not in text and find_local_paths(text) == []
+    assert plan["verifier"] == tiny_llama_dir.name
 
 
 def test_llama8b_plan_has_the_published_shapes():
@@ -121,3 +131,29 @@ def test_dry_run_command_writes_the_plan_in_under_a_minute(tmp_path):
     plan = json.loads((tmp_path / "memory_plan.json").read_text())
     assert plan["recipe"] == "eagle3_llama8b" and "memory plan eagle3_llama8b" in result.stdout
     assert not (tmp_path / "checkpoints").exists()  # nothing of training ran
+
+
+def test_flex_padded_keys_are_counted_as_flex_allocates_them(tiny_llama_dir):
+    """The chunked trace never builds flex's zero-padded key/value concatenations; the plan adds them, byte for
+    byte what train.ttt_attention.padded_step_keys allocates per step and layer (about 1.6 GB at the 8B recipe)."""
+    from speculators.verifier import verifier_config_dict
+    from train.memory_plan import flex_padded_key_bytes
+    from train.ttt_attention import padded_step_keys
+
+    config = resolved("tiny_eagle3", f"verifier.name_or_path={tiny_llama_dir}")
+    _, draft_config, _ = build_meta_draft(config, verifier_config_dict(str(tiny_llama_dir)), torch.bfloat16)
+    layer = draft_config.transformer_layer_config
+    rows, length, steps = 2, 16, 3
+    key = torch.zeros(rows, layer["num_key_value_heads"], length, draft_config.head_dim, dtype=torch.bfloat16)
+    allocated = (
+        sum(2 * padded_step_keys([key] * (step + 1), steps).nbytes for step in range(steps))
+        * draft_config.num_layers
+    )
+    counted = flex_padded_key_bytes(rows, length, steps, draft_config, torch.bfloat16, "auto")
+    assert counted == allocated > 0
+    assert flex_padded_key_bytes(rows, length, steps, draft_config, torch.bfloat16, "chunked") == 0
+
+    flex = plan_memory(resolved("eagle3_llama8b"))
+    chunked = plan_memory(resolved("eagle3_llama8b", "train.attention_backend=chunked"))
+    assert 1.5e9 < flex["flex_padded_keys_bytes"] < 1.7e9
+    assert flex["activation_peak_bytes"] - chunked["activation_peak_bytes"] == flex["flex_padded_keys_bytes"]

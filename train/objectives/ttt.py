@@ -13,7 +13,13 @@ import torch
 from torch import nn
 
 from speculators.models.eagle3 import Eagle3DraftModel
-from train.assemble import build_draft, calibrate_warm_start, draft_config, scale_fc_by_feature_rms
+from train.assemble import (
+    build_draft,
+    calibrate_warm_start,
+    draft_config,
+    recipe_draft_config,
+    scale_fc_by_feature_rms,
+)
 from train.data import MicroBatch
 from train.losses import step_masks, step_terms, step_weights
 from train.objectives import Objective, Plan, register
@@ -61,7 +67,8 @@ class TrainingTimeTest(Objective):
         dtype: torch.dtype,
     ) -> tuple[Any, nn.Module]:
         settings = self.settings
-        config = draft_config(settings, verifier_config, aux_layer_ids, draft_vocab_size)
+        name = settings.verifier.name_or_path  # as written: naming it must not convert the embedded verifier
+        config = recipe_draft_config(settings, verifier_config, aux_layer_ids, draft_vocab_size, name)
         with torch.device("meta"):
             draft = Eagle3DraftModel(config).to(dtype)
         model = TTTDraft(
