@@ -42,6 +42,8 @@ class Algorithm:
     vllm_method: str  # the speculative method vLLM runs it under
     # what vLLM needs besides method/model/num_speculative_tokens to run it as trained (e.g. parallel drafting)
     vllm_extra: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: {}
+    # legal but surprising settings of this type's own keys (e.g. one a consumer runs differently than trained)
+    config_warnings: Callable[[dict[str, Any]], Iterator[str]] = lambda config: iter(())
 
     def aux_layer_ids(self, config: Any) -> list[int]:
         """The aux-layer ids of a config object or dict."""

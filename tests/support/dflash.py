@@ -1,0 +1,79 @@
+"""Builders of DFlash drafts for the format, export and consumer tests: real configs written by
+``DFlashConfig.from_verifier``, random weights (norms too, so a misread norm shows), the verifier's embedding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speculators.format.checkpoint import read_config
+from speculators.format.dflash_config import DFlashConfig
+from speculators.models.dflash import DFlashDraftModel
+from speculators.verifier import verifier_embedding
+from speculators.vocab import DraftVocab, build_draft_vocab
+
+
+def build_dflash_draft(
+    verifier_dir: Path,
+    name_or_path: str | Path | None = None,
+    *,
+    block_size: int = 4,
+    block_causal: bool = True,
+    draft_vocab_size: int | None = None,
+    vocab: DraftVocab | None = None,
+    mask_token_id: int | None = None,
+    seed: int = 0,
+    **kwargs: Any,
+) -> DFlashDraftModel:
+    """A random fp32 DFlash draft for ``verifier_dir`` whose ``embed_tokens`` is the verifier's embedding.
+
+    ``vocab`` (or a random one of ``draft_vocab_size`` tokens) makes the draft vocabulary reduced; the mask token
+    defaults to the verifier's last id. ``name_or_path`` is written as the verifier (default: ``verifier_dir``)."""
+    torch.manual_seed(seed)
+    verifier = read_config(verifier_dir)
+    vocab_size = int(verifier["vocab_size"])
+    if vocab is None and draft_vocab_size is not None and draft_vocab_size != vocab_size:
+        vocab = build_draft_vocab(torch.randint(1, 1000, (vocab_size,)), draft_vocab_size)
+    config = DFlashConfig.from_verifier(
+        verifier,
+        str(name_or_path or verifier_dir),
+        mask_token_id=vocab_size - 1 if mask_token_id is None else mask_token_id,
+        mask_token_source="the verifier's last id (tests)",
+        draft_vocab_size=int(vocab.d2t.shape[0]) if vocab is not None else None,
+        block_size=block_size,
+        block_causal=block_causal,
+        **kwargs,
+    )
+    model = DFlashDraftModel(config)
+    if vocab is not None:
+        model.set_vocab(vocab.d2t, vocab.t2d)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(verifier_embedding(verifier_dir).float())
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+    return model
+
+
+def context_logits(model: DFlashDraftModel, aux: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Draft logits ``[B, block, draft V]`` of one block anchored at the last of ``tokens [B, T]``, with the
+    context features of positions ``0..T-2`` (``aux [B, T, n_aux * H]``: the verifier's aux states of every
+    position; the anchor's own features are not context, as in vLLM, which stores them only after the step)."""
+    from speculators.models.dflash import block_attention
+
+    batch, length = tokens.shape
+    dtype = model.fc.weight.dtype
+    context = model.project_context(aux[:, : length - 1].to(dtype))
+    positions = torch.arange(length - 1)[None].expand(batch, -1)
+    kv = model.context_kv(context, positions)
+    ids, block_positions = model.block_inputs(tokens[:, -1], torch.full((batch,), length - 1))
+    visible = torch.ones(batch, model.config.block_size, length - 1, dtype=torch.bool)
+
+    def attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ck, cv = kv[layer_idx]
+        return block_attention(q, k, v, ck, cv, visible, causal=model.config.block_causal)
+
+    with torch.no_grad():
+        return model(ids, block_positions, attend)
