@@ -44,6 +44,7 @@ class Algorithm:
     vllm_extra: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: {}
     # legal but surprising settings of this type's own keys (e.g. one a consumer runs differently than trained)
     config_warnings: Callable[[dict[str, Any]], Iterator[str]] = lambda config: iter(())
+    display_name: str = ""  # how people name it (model cards); the type name when empty
 
     def aux_layer_ids(self, config: Any) -> list[int]:
         """The aux-layer ids of a config object or dict."""

@@ -138,7 +138,11 @@ def block_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             }
         )
         if layer.get("attention_bias"):
-            for proj, rows in (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
+            for proj, rows in (
+                ("q", heads * head_dim),
+                ("k", kv_heads * head_dim),
+                ("v", kv_heads * head_dim),
+            ):
                 shapes[p + f"self_attn.{proj}_proj.bias"] = (rows,)
             shapes[p + "self_attn.o_proj.bias"] = (hidden,)
     if draft_vocab != vocab:
@@ -150,6 +154,7 @@ def block_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 DFLASH = register(
     Algorithm(
         name="dflash",
+        display_name="DFlash",
         config_class=DFlashConfig,
         model_class=DFlashDraftModel,
         drafting="block",

@@ -40,6 +40,7 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 EAGLE3 = register(
     Algorithm(
         name="eagle3",
+        display_name="EAGLE-3",
         config_class=Eagle3Config,
         model_class=Eagle3DraftModel,
         drafting="sequential",

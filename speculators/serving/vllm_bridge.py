@@ -78,6 +78,8 @@ class VllmRequest:
     warmup: bool = False
     tokenizer: str | None = None
     name: str = ""
+    # record every proposal of vLLM's drafter (VllmResult.drafts): to compare them with our model's
+    record_drafts: bool = False
 
     def to_job(self, placement: VllmPlacement | None = None) -> dict[str, Any]:
         """The JSON job for the worker, with local paths made absolute (the worker runs in a temp directory);
@@ -244,6 +246,8 @@ class VllmResult:
     vllm_version: str = ""
     device: str = ""
     warnings: list[str] = field(default_factory=list)
+    # with VllmRequest.record_drafts: per drafting step [anchor ids, draft ids] (one row per running request)
+    drafts: list[list[list[Any]]] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -263,6 +267,7 @@ class VllmResult:
             vllm_version=vllm_version,
             device=device,
             warnings=list(job.get("warnings", [])),
+            drafts=job.get("drafts"),
             raw=job,
         )
 

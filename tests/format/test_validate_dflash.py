@@ -78,7 +78,11 @@ BAD_CASES = {
         None,
         "eagle_aux_hidden_state_layer_ids is not read",
     ),
-    "aux_id_zero": (_set("aux_hidden_state_layer_ids", [0, 4, 5]), None, "must be distinct, ascending and >= 1"),
+    "aux_id_zero": (
+        _set("aux_hidden_state_layer_ids", [0, 4, 5]),
+        None,
+        "must be distinct, ascending and >= 1",
+    ),
     "aux_ids_unsorted": (_set("aux_hidden_state_layer_ids", [4, 2, 5]), None, "distinct, ascending"),
     "aux_id_past_verifier": (_set("aux_hidden_state_layer_ids", [2, 4, 9]), None, "outside [0, 8]"),
     "full_layers_causal_flag": (
