@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from speculators.algorithms import Algorithm, register
 from speculators.format.dflash_config import SLIDING, DFlashConfig
 from speculators.models.dflash import DFlashDraftModel
@@ -151,6 +153,35 @@ def block_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def verifier_owned_weight_warnings(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], verifier: str | None
+) -> Iterator[str]:
+    """speculators 0.9.0 rebuilds ``embed_tokens`` (always) and a full-vocabulary ``lm_head`` from the verifier
+    when it loads a DFlash draft, while vLLM uses the checkpoint's: a draft whose copies differ from the verifier's
+    (a trained mask row, a trained full-vocabulary head) is drafted differently by the two consumers."""
+    if verifier is None:
+        return
+    from speculators.verifier import LM_HEAD_NAMES, VERIFIER_EMBEDDING_NAMES, read_verifier_tensors
+
+    found = read_verifier_tensors(verifier, {"embed": VERIFIER_EMBEDDING_NAMES, "lm_head": LM_HEAD_NAMES})
+    if "embed" not in found:
+        return
+    layer = config.get("transformer_layer_config") or {}
+    checks = [("embed_tokens.weight", found["embed"], "always")]
+    if config.get("draft_vocab_size", layer.get("vocab_size")) == layer.get("vocab_size"):
+        checks.append(("lm_head.weight", found.get("lm_head", found["embed"]), "for a full-vocabulary draft"))
+    for name, theirs, when in checks:
+        ours = tensors.get(name)
+        if ours is None or tuple(ours.shape) != tuple(theirs.shape):
+            continue
+        if not torch.equal(ours, theirs.to(ours.dtype)):
+            yield (
+                f"{name} differs from the verifier's: speculators 0.9.0 replaces it with the verifier's on load "
+                f"({when}) while vLLM serves this one, so the two consumers draft differently; keep the verifier's "
+                "copy (or reduce the draft vocabulary, whose lm_head both consumers read from the checkpoint)"
+            )
+
+
 DFLASH = register(
     Algorithm(
         name="dflash",
@@ -161,6 +192,7 @@ DFLASH = register(
         aux_layer_key="aux_hidden_state_layer_ids",
         config_rules=block_config_rules,
         config_warnings=block_config_warnings,
+        weight_warnings=verifier_owned_weight_warnings,
         expected_shapes=block_expected_shapes,
         vllm_method="dflash",
     )

@@ -405,6 +405,17 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
         if tensor.is_floating_point() and not torch.isfinite(tensor.float()).all():
             yield error(f"{name} contains NaN or Inf values; the training diverged or the file is corrupted")
     yield from _vocab_findings(config, normalized, error)
+    for message in unit.weight_warnings(config, normalized, _local_verifier_dir(config)):
+        yield Finding("warning", where, message)
+
+
+def _local_verifier_dir(config: dict[str, Any]) -> str | None:
+    """``verifier.name_or_path`` when it is a local model directory (its weights can then be compared)."""
+    try:
+        path = Path(config["speculators_config"]["verifier"]["name_or_path"])
+    except (KeyError, TypeError):
+        return None
+    return str(path) if (path / "config.json").is_file() else None
 
 
 def _vocab_findings(config: dict[str, Any], tensors: dict[str, torch.Tensor], error) -> Iterator[Finding]:

@@ -281,6 +281,21 @@ def eagle3_speculative_config(draft_dir: str | Path, num_speculative_tokens: int
     }
 
 
+def draft_speculative_config(
+    draft_dir: str | Path, num_speculative_tokens: int | None = None
+) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for serving a verifier with any of our drafts, from its declared algorithm
+    unit (``method`` eagle3, dflash, ...); ``num_speculative_tokens`` defaults to the draft's
+    ``speculative_tokens``. vLLM 0.32 serves a DFlash draft as ``{"method": "dflash", "model": <draft dir>,
+    "num_speculative_tokens": k}`` (k mask slots after the anchor; it never reads ``block_size``)."""
+    from speculators import algorithms
+    from speculators.format.checkpoint import read_config
+
+    config = read_config(draft_dir)
+    k = num_speculative_tokens or config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    return algorithms.of_config(config).vllm_speculative_config(draft_dir, config, int(k))
+
+
 def vllm_python() -> Path:
     """The vLLM virtualenv's interpreter (``$SPECULATORS_VLLM_PYTHON`` or ``<repo>/.venv-vllm/bin/python``)."""
     return consumer_python(VLLM_PYTHON_ENV, VLLM_VENV, "vllm-env")

@@ -137,3 +137,26 @@ def test_warns_where_vllm_runs_other_than_trained(case, bidirectional, causal, t
 def test_short_causal_block_is_not_warned_about(causal, tiny_llama_dir, tmp_path):
     other = mutate(causal, tmp_path / "short-causal", _tokens(2))
     assert validate_checkpoint(other, read_config(tiny_llama_dir)) == []
+
+
+def test_weights_speculators_replaces_on_load_are_warned_about(tiny_llama_dir, tmp_path):
+    """speculators 0.9.0 loads embed_tokens (always) and a full-vocabulary lm_head from the verifier; vLLM the
+    checkpoint's. A trained copy of either makes the consumers draft differently."""
+    own_head = build_dflash_draft(tiny_llama_dir, verifier_lm_head=False).save_pretrained(
+        tmp_path / "own-head"
+    )
+    text = findings_text(own_head, tiny_llama_dir, "warning")
+    assert "lm_head.weight differs from the verifier's" in text and "embed_tokens" not in text
+    assert findings_text(own_head, tiny_llama_dir) == ""
+
+    def trained_mask_row(tensors: dict) -> None:
+        tensors["embed_tokens.weight"][-1] += 1.0
+
+    mask_row = mutate(own_head, tmp_path / "mask-row", None, trained_mask_row)
+    assert "embed_tokens.weight differs from the verifier's" in findings_text(
+        mask_row, tiny_llama_dir, "warning"
+    )
+
+
+def test_reduced_vocab_head_is_the_checkpoints_for_both_consumers(bidirectional, tiny_llama_dir):
+    assert "differs from the verifier's" not in findings_text(bidirectional, tiny_llama_dir, "warning")

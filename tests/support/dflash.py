@@ -11,7 +11,12 @@ import torch
 from speculators.format.checkpoint import read_config
 from speculators.format.dflash_config import DFlashConfig
 from speculators.models.dflash import DFlashDraftModel
-from speculators.verifier import verifier_embedding
+from speculators.verifier import (
+    LM_HEAD_NAMES,
+    VERIFIER_EMBEDDING_NAMES,
+    read_verifier_tensors,
+    verifier_embedding,
+)
 from speculators.vocab import DraftVocab, build_draft_vocab
 
 
@@ -25,12 +30,16 @@ def build_dflash_draft(
     vocab: DraftVocab | None = None,
     mask_token_id: int | None = None,
     seed: int = 0,
+    verifier_lm_head: bool = True,
     **kwargs: Any,
 ) -> DFlashDraftModel:
     """A random fp32 DFlash draft for ``verifier_dir`` whose ``embed_tokens`` is the verifier's embedding.
 
     ``vocab`` (or a random one of ``draft_vocab_size`` tokens) makes the draft vocabulary reduced; the mask token
-    defaults to the verifier's last id. ``name_or_path`` is written as the verifier (default: ``verifier_dir``)."""
+    defaults to the verifier's last id. ``name_or_path`` is written as the verifier (default: ``verifier_dir``).
+    A full-vocabulary draft gets the verifier's lm_head unless ``verifier_lm_head`` is false (speculators 0.9.0
+    replaces a full-vocabulary DFlash head with the verifier's on load, so only that head means the same to both
+    consumers)."""
     torch.manual_seed(seed)
     verifier = read_config(verifier_dir)
     vocab_size = int(verifier["vocab_size"])
@@ -51,6 +60,11 @@ def build_dflash_draft(
         model.set_vocab(vocab.d2t, vocab.t2d)
     with torch.no_grad():
         model.embed_tokens.weight.copy_(verifier_embedding(verifier_dir).float())
+        if vocab is None and verifier_lm_head:  # what speculators 0.9.0 holds a full-vocabulary head to be
+            found = read_verifier_tensors(
+                str(verifier_dir), {"embed": VERIFIER_EMBEDDING_NAMES, "head": LM_HEAD_NAMES}
+            )
+            model.lm_head.weight.copy_(found.get("head", found["embed"]).float())
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
