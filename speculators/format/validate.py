@@ -1,4 +1,6 @@
-"""The validator: every rule vLLM and the ``speculators`` library enforce on an EAGLE-3 checkpoint (docs/format.md).
+"""The validator: every rule vLLM and the ``speculators`` library enforce on a checkpoint (docs/format.md). The keys
+every type shares are checked here; a type's own keys, tensor shapes and weight checks come from its algorithm unit
+(``speculators.algorithms``: EAGLE-3's, DFlash's).
 
 Each rule yields one ``Finding`` that names the file, what is wrong, and the fix. ``error`` findings make a
 checkpoint unservable by at least one consumer; ``warning`` findings are legal but surprising.

