@@ -3,6 +3,7 @@ virtualenv through a standalone worker script; nothing here imports them."""
 
 from speculators.serving.speculators_package import (
     block_logits_with_speculators_package,
+    convert_dflash_with_speculators_package,
     load_with_speculators_package,
     speculators_package_available,
     tensor_digest,
@@ -33,6 +34,7 @@ __all__ = [
     "VllmWarning",
     "WorkerError",
     "block_logits_with_speculators_package",
+    "convert_dflash_with_speculators_package",
     "draft_speculative_config",
     "eagle3_speculative_config",
     "generate_with_vllm",

@@ -97,3 +97,18 @@ def block_logits_with_speculators_package(
     python = speculators_package_python()
     description = run_json_worker(python, WORKER_SCRIPT, request, timeout, "the speculators package")
     return description, load_file(str(output))
+
+
+def convert_dflash_with_speculators_package(
+    source: str | Path, out_dir: str | Path, verifier: str | Path, timeout: float = 600.0
+) -> dict[str, Any]:
+    """Convert an external (z-lab) DFlash draft with the ``speculators`` package's own converter into ``out_dir``
+    and load the result there; returns what :func:`load_with_speculators_package` returns. Why: its output is the
+    speculators 0.9.0 layout as that package really writes it, which ``speculators convert`` must read."""
+    request = {
+        "model": str(Path(out_dir).resolve()),
+        "convert_dflash": {"input": str(Path(source).resolve()), "verifier": str(Path(verifier).resolve())},
+    }
+    return run_json_worker(
+        speculators_package_python(), WORKER_SCRIPT, request, timeout, "the speculators package"
+    )

@@ -1,7 +1,9 @@
 """Standalone worker: load a checkpoint with the ``speculators`` package (0.9.0) in ITS virtualenv and describe it.
 
 Usage: ``python speculators_package_worker.py REQUEST.json RESULT.json`` with request ``{"model": <draft dir>}``
-(optionally ``"block_forward": {"inputs", "output"}``: a block drafter's logits, see ``block_forward``).
+(optionally ``"block_forward": {"inputs", "output"}``: a block drafter's logits, see ``block_forward``; and
+``"convert_dflash": {"input", "verifier"}``: first convert an external (z-lab) DFlash draft into ``model`` with the
+package's own converter).
 It must not import our package (both are named ``speculators``; here the name means the upstream library). The
 result names the class the package chose, the resolved config values it acts on, and every tensor of the loaded
 model with its shape, dtype and a digest, so the caller can compare them with what it wrote.
@@ -114,6 +116,13 @@ def main(argv: list[str]) -> int:
 
         from speculators import SpeculatorModel
 
+        if request.get("convert_dflash"):  # the package's own converter writes request["model"] first
+            from speculators.convert.dflash import DFlashConverter
+
+            job = request["convert_dflash"]
+            DFlashConverter().convert(
+                job["input"], request["model"], base_model=job["verifier"], validate=False
+            )
         started = time.perf_counter()
         model = SpeculatorModel.from_pretrained(request["model"])
         seconds = time.perf_counter() - started

@@ -5,7 +5,6 @@ exactly what the source draft computes."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,68 +19,7 @@ from speculators.format.checkpoint import read_config
 from speculators.format.validate import errors
 from speculators.models.dflash import DFlashDraftModel
 from speculators.verifier import LM_HEAD_NAMES, VERIFIER_EMBEDDING_NAMES, read_verifier_tensors
-from tests.support.dflash import build_dflash_draft, context_logits
-
-ZLAB_LAYER_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "rms_norm_eps",
-    "hidden_act",
-    "max_position_embeddings",
-    "rope_theta",
-    "attention_bias",
-    "num_hidden_layers",
-)
-
-
-def write_source(directory: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / "model.safetensors"))
-    return directory
-
-
-def speculators_source(model: DFlashDraftModel, directory: Path, non_causal_flag: bool) -> Path:
-    """What speculators 0.9.0 saves: our keys, no embed_tokens, lm_head only for a reduced draft vocabulary."""
-    config = model.config.to_dict()
-    config.pop("mask_token_source")
-    config["speculators_version"] = "0.9.0"
-    config["sliding_window_non_causal"] = non_causal_flag
-    if "layer_types" not in config["transformer_layer_config"]:
-        config["transformer_layer_config"]["layer_types"] = ["full_attention"] * model.config.num_layers
-    tensors = model.export_state_dict(torch.float32)
-    tensors.pop("embed_tokens.weight")
-    if model.config.draft_vocab_size == model.config.vocab_size:
-        tensors.pop("lm_head.weight")
-    return write_source(directory, config, tensors)
-
-
-def zlab_source(model: DFlashDraftModel, directory: Path, **changes: Any) -> Path:
-    """z-lab's layout: a flat Qwen3 config, dflash_config with target_layer_ids = aux ids - 1, the draft body only."""
-    layer = model.config.transformer_layer_config
-    config = {
-        "architectures": ["DFlashDraftModel"],
-        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "model_type": "qwen3",
-        **{key: layer[key] for key in ZLAB_LAYER_KEYS if key in layer},
-        "layer_types": ["full_attention"] * model.config.num_layers,
-        "block_size": model.config.block_size,
-        "num_target_layers": 8,
-        "dflash_config": {
-            "mask_token_id": model.config.mask_token_id,
-            "target_layer_ids": [i - 1 for i in model.config.aux_layer_ids],
-        },
-        "torch_dtype": "bfloat16",
-        **changes,
-    }
-    tensors = model.export_state_dict(torch.float32)
-    for name in ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d"):
-        tensors.pop(name, None)
-    return write_source(directory, config, tensors)
+from tests.support.dflash import build_dflash_draft, context_logits, speculators_source, zlab_source
 
 
 def logits_of(model: DFlashDraftModel, seed: int = 0) -> torch.Tensor:
