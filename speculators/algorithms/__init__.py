@@ -42,6 +42,14 @@ class Algorithm:
     vllm_method: str  # the speculative method vLLM runs it under
     # what vLLM needs besides method/model/num_speculative_tokens to run it as trained (e.g. parallel drafting)
     vllm_extra: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: {}
+    # legal but surprising settings of this type's own keys (e.g. one a consumer runs differently than trained)
+    config_warnings: Callable[[dict[str, Any]], Iterator[str]] = lambda config: iter(())
+    display_name: str = ""  # how people name it (model cards); the type name when empty
+    # warnings from the tensors against the verifier's (its name_or_path, when local): e.g. weights a consumer
+    # replaces with the verifier's on load, so that the consumers would draft differently
+    weight_warnings: Callable[[dict[str, Any], dict[str, torch.Tensor], str | None], Iterator[str]] = (
+        lambda config, tensors, verifier: iter(())
+    )
 
     def aux_layer_ids(self, config: Any) -> list[int]:
         """The aux-layer ids of a config object or dict."""

@@ -1,4 +1,5 @@
-"""``speculators convert SRC OUT_DIR``: EAGLE-3 drafts from other projects' layouts → the standard format.
+"""``speculators convert SRC OUT_DIR``: EAGLE-3 drafts from other projects' layouts → the standard format
+(DFlash drafts: ``convert_block``).
 
 Layouts (facts from the producers' code, not copied from it):
 
@@ -45,7 +46,7 @@ from speculators.format.config import (
 from speculators.format.validate import Finding
 from speculators.verifier import resolve_dtype
 
-LAYOUTS = ("eagle3-original", "specforge", "speculators")
+LAYOUTS = ("eagle3-original", "specforge", "speculators", "dflash-zlab")
 AUX_CONVENTIONS = ("auto", "vllm", "output-of-layer")
 FLAG_MODES = ("max-compat", "keep")
 NEWER_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
@@ -80,6 +81,11 @@ class ConvertResult:
 # ---- detection ---------------------------------------------------------------------------------------------
 def detect_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str = "source") -> str:
     """One of ``LAYOUTS``; raises ``UnsupportedDraftError`` for EAGLE-1/HASS and ``ValueError`` for unknown input."""
+    from speculators.export.convert_block import detect_block_layout
+
+    block = detect_block_layout(config)
+    if block is not None:
+        return block
     check_not_eagle1(config, tensors, where)
     if isinstance(config.get("speculators_config"), dict) or "speculators_model_type" in config:
         return "speculators"
@@ -355,6 +361,23 @@ def convert_checkpoint(
             f"{where}: the {layout} layout does not name its verifier; pass --verifier (a local HF directory, a "
             "cached hub id, or smollm2)"
         )
+    from speculators.export.convert_block import convert_block_checkpoint, detect_block_layout
+
+    if detect_block_layout(source_config) is not None:  # block drafters (DFlash) have converters of their own
+        config_dict, findings = convert_block_checkpoint(
+            src,
+            out_dir,
+            layout,
+            source_config,
+            tensors,
+            str(verifier_ref),
+            verifier_name or (None if verifier else source_verifier),
+            aux_convention,
+            speculative_tokens,
+            dtype,
+            model_card,
+        )
+        return ConvertResult(out_dir=Path(out_dir), layout=layout, config=config_dict, findings=findings)
     verifier_path, verifier_config = load_verifier_config(str(verifier_ref))
 
     if layout == "speculators":

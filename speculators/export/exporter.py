@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from speculators import algorithms
 from speculators.export.model_card import (
     CardInfo,
     add_eval_results,
@@ -92,7 +93,7 @@ def export_checkpoint(
     verifier_path, verifier_config = load_verifier_config(str(verifier_ref))
     if draft_config is None or not draft_config.get("speculators_config"):
         draft_config = infer_draft_config(tensors, verifier_config, verifier_path, checkpoint.recipe)
-    config = Eagle3Config.from_dict(draft_config)
+    config = algorithms.of_config(draft_config).config_class.from_dict(draft_config)
     config.speculators_config.verifier = VerifierRef(
         name_or_path=verifier_name or verifier_path,
         architectures=list(
@@ -169,6 +170,11 @@ def infer_draft_config(
     any draft config: draft vocab from ``lm_head``, layer count from ``layers.N``, optional norms from their
     weights, aux ids and ``norm_before_residual`` from the recipe (defaults: vLLM's ids, True)."""
     names = unprefixed(tensors, "ZeRO state") if detect_prefix(list(tensors)) else tensors
+    if "hidden_norm.weight" in names:  # a block drafter's top-level norm of the context features
+        raise ValueError(
+            "the ZeRO shards hold a block drafter (DFlash family: top-level hidden_norm) and no checkpoint of the run "
+            "has a draft/config.json to take its config from; export a checkpoint step that has draft/"
+        )
     layers = {int(n.split(".")[1]) for n in names if n.startswith("layers.")}
     config = Eagle3Config.from_verifier(
         verifier_config,

@@ -334,10 +334,18 @@ def render_model_card(info: CardInfo) -> str:
     verifier = public_name(spec["verifier"]["name_or_path"])
     k = spec["proposal_methods"][0]["speculative_tokens"]
     layer = config["transformer_layer_config"]
+    from speculators.format.validate import algorithm_of
+
+    unit = algorithm_of(config)
+    kind = (unit.display_name or unit.name) if unit is not None else str(config.get("speculators_model_type"))
+    method = unit.vllm_method if unit is not None else "eagle3"
+    aux_key = unit.aux_layer_key if unit is not None else "eagle_aux_hidden_state_layer_ids"
+    own_keys = ("norm_before_residual", "block_size", "mask_token_id", "sliding_window_non_causal")
     parts = [
         f"# {info.title}",
         "",
-        f"An EAGLE-3 speculative-decoding draft for `{public_name(info.verifier_ref) if local_verifier else verifier}`, in the standard `speculators` checkpoint "
+        f"{'An' if kind[:1] in 'AEIOU' else 'A'} {kind} speculative-decoding draft for "
+        f"`{public_name(info.verifier_ref) if local_verifier else verifier}`, in the standard `speculators` checkpoint "
         "format: vLLM serves it as it is. The draft proposes tokens; the verifier checks them, so the output is "
         "exactly the verifier's.",
         *(
@@ -364,17 +372,16 @@ def render_model_card(info: CardInfo) -> str:
                 },
                 {
                     "": "aux hidden-state layers",
-                    "value": f"{config.get('eagle_aux_hidden_state_layer_ids')} "
-                    "(vLLM convention: the residual stream entering layer k)",
+                    "value": f"{config.get(aux_key)} (vLLM convention: the residual stream entering layer k)",
                 },
                 {"": "speculative tokens", "value": k},
-                {"": "norm_before_residual", "value": config.get("norm_before_residual")},
+                *({"": key, "value": config[key]} for key in own_keys if key in config),
                 {"": "weights", "value": config.get("torch_dtype")},
                 {"": "source", "value": info.source},
             ]
         ),
         "",
-        serving_section(verifier, k, local_verifier),
+        serving_section(verifier, k, local_verifier, method),
     ]
     if info.training or info.recipe:
         parts += ["", training_section(info)]
@@ -383,11 +390,12 @@ def render_model_card(info: CardInfo) -> str:
     return scrub("\n".join(parts).rstrip() + "\n", info.run_dir)
 
 
-def serving_section(verifier: str, k: int, local_verifier: bool = False) -> str:
+def serving_section(verifier: str, k: int, local_verifier: bool = False, method: str = "eagle3") -> str:
     """How to serve the draft. ``verifier`` is its public name; ``local_verifier``: the config names a directory
-    on the exporting machine, which the reader must point at their own copy."""
+    on the exporting machine, which the reader must point at their own copy; ``method``: vLLM's speculative
+    method for the draft's type."""
     spec_config = json.dumps(
-        {"method": "eagle3", "model": "<this directory or repo id>", "num_speculative_tokens": k}
+        {"method": method, "model": "<this directory or repo id>", "num_speculative_tokens": k}
     )
     local_note = (
         f"\n`speculators_config.verifier.name_or_path` is a directory (`{verifier}`) on the machine that exported "
@@ -411,7 +419,7 @@ vllm serve {verifier} \\
 ```
 
 In Python, `LLM(model="<draft>")` or
-`LLM(model="{verifier}", speculative_config={{"method": "eagle3", "model": "<draft>", "num_speculative_tokens": {k}}})`;
+`LLM(model="{verifier}", speculative_config={{"method": "{method}", "model": "<draft>", "num_speculative_tokens": {k}}})`;
 `llm.get_metrics()` reports `vllm:spec_decode_num_accepted_tokens` and `vllm:spec_decode_num_drafts`
 (mean acceptance length = 1 + accepted / drafts).
 {local_note}"""

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from speculators.format.validate import expected_shapes
+from speculators.format.validate import algorithm_of
 from speculators.verifier import verifier_embedding
 
 # Stored names some producers use for layer 0 (vLLM accepts both; the standard is `layers.0.`).
@@ -163,7 +163,13 @@ def standard_tensors(
         int(layer["vocab_size"]),
         int(config.get("draft_vocab_size", layer["vocab_size"])),
     )
-    shapes = expected_shapes(config)
+    unit = algorithm_of(config)
+    if unit is None:
+        raise ValueError(
+            f"{where}: speculators_model_type {config.get('speculators_model_type')!r} is not a type this project "
+            "exports (no declared unit in speculators.algorithms)"
+        )
+    shapes = unit.expected_shapes(config)
     out = {n: t for n, t in tensors.items() if n not in ("d2t", "t2d")}
     out.update(standard_vocab(tensors, draft_vocab_size, vocab_size, where))
     if "embed_tokens.weight" not in out:
@@ -198,7 +204,9 @@ def ascending_aux_layers(
     collapsed by vLLM too, so ``fc`` then gets fewer features than it was trained on and the engine fails; that
     case is warned about (the fix is distinct ids at training time).
     """
-    ids = [int(i) for i in config.get("eagle_aux_hidden_state_layer_ids") or []]
+    unit = algorithm_of(config)
+    key = unit.aux_layer_key if unit is not None else "eagle_aux_hidden_state_layer_ids"
+    ids = [int(i) for i in config.get(key) or []]
     if len(set(ids)) != len(ids):
         warn(
             f"{where}: aux layer ids {ids} repeat a layer; vLLM captures each layer once (sorted, de-duplicated), "
@@ -221,7 +229,7 @@ def ascending_aux_layers(
     if "fc_norm.0.weight" in tensors:
         norms = [tensors.pop(f"fc_norm.{i}.weight") for i in range(len(ids))]
         tensors.update({f"fc_norm.{new}.weight": norms[old] for new, old in enumerate(order)})
-    config = {**config, "eagle_aux_hidden_state_layer_ids": sorted(ids)}
+    config = {**config, key: sorted(ids)}
     warn(
         f"{where}: aux layer ids {ids} were not ascending; vLLM concatenates the states in ascending order, so the "
         f"ids became {sorted(ids)} and fc's column blocks were permuted to match (the draft computes the same)"

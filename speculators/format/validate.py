@@ -1,4 +1,6 @@
-"""The validator: every rule vLLM and the ``speculators`` library enforce on an EAGLE-3 checkpoint (docs/format.md).
+"""The validator: every rule vLLM and the ``speculators`` library enforce on a checkpoint (docs/format.md). The keys
+every type shares are checked here; a type's own keys, tensor shapes and weight checks come from its algorithm unit
+(``speculators.algorithms``: EAGLE-3's, DFlash's).
 
 Each rule yields one ``Finding`` that names the file, what is wrong, and the fix. ``error`` findings make a
 checkpoint unservable by at least one consumer; ``warning`` findings are legal but surprising.
@@ -120,8 +122,9 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
             f"speculators_model_type {model_type!r} is not servable by vLLM (one of {SERVABLE_MODEL_TYPES}); "
             "an EAGLE-1/HASS-style draft must be converted to the eagle3 architecture"
         )
-    if DRAFT_ARCHITECTURE not in (config.get("architectures") or []):
-        yield warning(f'architectures should be ["{DRAFT_ARCHITECTURE}"]')
+    architecture = _architecture(model_type)
+    if architecture not in (config.get("architectures") or []):
+        yield warning(f'architectures should be ["{architecture}"]')
     yield from _speculators_config_findings(config.get("speculators_config"), error)
 
     layer = config.get("transformer_layer_config")
@@ -159,6 +162,11 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
                 f"target_hidden_size {target_hidden} differs from hidden_size {layer.get('hidden_size')}: the "
                 "speculators library ignores target_hidden_size; keep the draft as wide as the verifier"
             )
+    yield from _type_findings(config, error, warning)
+
+
+def eagle3_key_findings(config: dict[str, Any], error, warning) -> Iterator[Finding]:
+    """The rules of EAGLE-3's own keys (the eagle3 unit's; other types do not have these keys)."""
     if "norm_before_residual" not in config:
         yield error(
             "norm_before_residual is missing: vLLM and the speculators library assume different defaults; "
@@ -206,6 +214,38 @@ def aux_layer_id_error(ids: Any) -> str | None:
             "trained on"
         )
     return None
+
+
+def algorithm_of(config: dict[str, Any]) -> Any:
+    """The declared unit (``speculators.algorithms``) of a config's type, or None for a type vLLM serves but this
+    project declares no unit for (its own keys then go unchecked, with a warning)."""
+    from speculators import algorithms
+
+    try:
+        return algorithms.of_config(config)
+    except ValueError:
+        return None
+
+
+def _architecture(model_type: Any) -> str:
+    unit = algorithm_of({"speculators_model_type": model_type}) if isinstance(model_type, str) else None
+    return unit.config_class.ARCHITECTURE if unit is not None else DRAFT_ARCHITECTURE
+
+
+def _type_findings(config: dict[str, Any], error, warning) -> Iterator[Finding]:
+    """The rules of the type's own keys, from its unit: each algorithm declares them, none is special-cased here."""
+    unit = algorithm_of(config)
+    if unit is None:
+        if config.get("speculators_model_type") in SERVABLE_MODEL_TYPES:
+            yield warning(
+                f"speculators_model_type {config['speculators_model_type']!r} has no declared unit in this project: "
+                "only the keys every type shares were checked (not its own keys or tensor shapes)"
+            )
+        return
+    for message in unit.config_rules(config):
+        yield error(message)
+    for message in unit.config_warnings(config):
+        yield warning(message)
 
 
 def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
@@ -303,14 +343,16 @@ def _verifier_findings(config: dict[str, Any], verifier: dict[str, Any], where: 
             "the draft must be as wide as the verifier",
         )
     num_layers = verifier.get("num_hidden_layers")
-    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    unit = algorithm_of(config)
+    aux_key = unit.aux_layer_key if unit is not None else "eagle_aux_hidden_state_layer_ids"
+    ids = config.get(aux_key)
     if isinstance(num_layers, int) and isinstance(ids, list):
         bad = [i for i in ids if not isinstance(i, int) or not 0 <= i <= num_layers]
         if bad:
             yield Finding(
                 "error",
                 where,
-                f"eagle_aux_hidden_state_layer_ids {bad} are outside [0, {num_layers}] for a {num_layers}-layer "
+                f"{aux_key} {bad} are outside [0, {num_layers}] for a {num_layers}-layer "
                 "verifier (id k = the residual stream entering layer k; id L = the last pre-norm state)",
             )
     verifier_scaling = verifier.get("rope_scaling") or (verifier.get("rope_parameters") or {})
@@ -390,8 +432,11 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
     except (FileNotFoundError, OSError, ValueError) as exc:
         yield Finding("error", str(directory), f"cannot read the weights: {exc}")
         return
+    unit = algorithm_of(config)
+    if unit is None:
+        return  # a type without a declared unit: its tensors are unknown here (warned about with the config)
     try:
-        shapes = expected_shapes(config)
+        shapes = unit.expected_shapes(config)
     except (KeyError, TypeError) as exc:
         yield Finding("error", "config.json", f"cannot derive tensor shapes: missing {exc}")
         return
@@ -440,6 +485,17 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
         if tensor.is_floating_point() and not torch.isfinite(tensor.float()).all():
             yield error(f"{name} contains NaN or Inf values; the training diverged or the file is corrupted")
     yield from _vocab_findings(config, normalized, error)
+    for message in unit.weight_warnings(config, normalized, _local_verifier_dir(config)):
+        yield Finding("warning", where, message)
+
+
+def _local_verifier_dir(config: dict[str, Any]) -> str | None:
+    """``verifier.name_or_path`` when it is a local model directory (its weights can then be compared)."""
+    try:
+        path = Path(config["speculators_config"]["verifier"]["name_or_path"])
+    except (KeyError, TypeError):
+        return None
+    return str(path) if (path / "config.json").is_file() else None
 
 
 def _vocab_findings(config: dict[str, Any], tensors: dict[str, torch.Tensor], error) -> Iterator[Finding]:

@@ -2,6 +2,8 @@
 virtualenv through a standalone worker script; nothing here imports them."""
 
 from speculators.serving.speculators_package import (
+    block_logits_with_speculators_package,
+    convert_dflash_with_speculators_package,
     load_with_speculators_package,
     speculators_package_available,
     tensor_digest,
@@ -13,6 +15,7 @@ from speculators.serving.vllm_bridge import (
     VllmResult,
     VllmSession,
     VllmWarning,
+    draft_speculative_config,
     eagle3_speculative_config,
     generate_with_vllm,
     run_vllm,
@@ -30,6 +33,9 @@ __all__ = [
     "VllmSession",
     "VllmWarning",
     "WorkerError",
+    "block_logits_with_speculators_package",
+    "convert_dflash_with_speculators_package",
+    "draft_speculative_config",
     "eagle3_speculative_config",
     "generate_with_vllm",
     "load_with_speculators_package",

@@ -59,3 +59,56 @@ def load_with_speculators_package(draft_dir: str | Path, timeout: float = 600.0)
     python = speculators_package_python()
     request = {"model": str(Path(draft_dir).resolve())}
     return run_json_worker(python, WORKER_SCRIPT, request, timeout, "the speculators package")
+
+
+def block_logits_with_speculators_package(
+    draft_dir: str | Path,
+    hidden_states: torch.Tensor,
+    input_ids: torch.Tensor,
+    anchors: list[int],
+    workdir: str | Path,
+    timeout: float = 600.0,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Load a block drafter (DFlash family) with the ``speculators`` package and run ITS forward on one sequence:
+    ``hidden_states [1, T, n_aux * H]`` (the verifier's aux states), ``input_ids [1, T]``, one block anchored at
+    each of ``anchors`` (each below ``T - block_size``: the package never anchors in the last block).
+
+    Returns ``(description as load_with_speculators_package gives it, tensors)`` with ``tensors["logits"]
+    [len(anchors), block_size, draft V]`` in float32 and the ``lm_head`` / ``embed_tokens`` the package ended up
+    with (it fills both from the verifier on load). Why: equal logits on equal inputs is what proves both
+    libraries read the checkpoint, the aux-id convention and the block's causality alike."""
+    from safetensors.torch import load_file, save_file
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    inputs, output = workdir / "block-inputs.safetensors", workdir / "block-logits.safetensors"
+    save_file(
+        {
+            "hidden_states": hidden_states.detach().float().cpu().contiguous(),
+            "input_ids": input_ids.detach().long().cpu().contiguous(),
+            "anchors": torch.tensor(anchors, dtype=torch.long),
+        },
+        str(inputs),
+    )
+    request = {
+        "model": str(Path(draft_dir).resolve()),
+        "block_forward": {"inputs": str(inputs.resolve()), "output": str(output.resolve())},
+    }
+    python = speculators_package_python()
+    description = run_json_worker(python, WORKER_SCRIPT, request, timeout, "the speculators package")
+    return description, load_file(str(output))
+
+
+def convert_dflash_with_speculators_package(
+    source: str | Path, out_dir: str | Path, verifier: str | Path, timeout: float = 600.0
+) -> dict[str, Any]:
+    """Convert an external (z-lab) DFlash draft with the ``speculators`` package's own converter into ``out_dir``
+    and load the result there; returns what :func:`load_with_speculators_package` returns. Why: its output is the
+    speculators 0.9.0 layout as that package really writes it, which ``speculators convert`` must read."""
+    request = {
+        "model": str(Path(out_dir).resolve()),
+        "convert_dflash": {"input": str(Path(source).resolve()), "verifier": str(Path(verifier).resolve())},
+    }
+    return run_json_worker(
+        speculators_package_python(), WORKER_SCRIPT, request, timeout, "the speculators package"
+    )

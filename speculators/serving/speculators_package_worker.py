@@ -1,6 +1,9 @@
 """Standalone worker: load a checkpoint with the ``speculators`` package (0.9.0) in ITS virtualenv and describe it.
 
-Usage: ``python speculators_package_worker.py REQUEST.json RESULT.json`` with request ``{"model": <draft dir>}``.
+Usage: ``python speculators_package_worker.py REQUEST.json RESULT.json`` with request ``{"model": <draft dir>}``
+(optionally ``"block_forward": {"inputs", "output"}``: a block drafter's logits, see ``block_forward``; and
+``"convert_dflash": {"input", "verifier"}``: first convert an external (z-lab) DFlash draft into ``model`` with the
+package's own converter).
 It must not import our package (both are named ``speculators``; here the name means the upstream library). The
 result names the class the package chose, the resolved config values it acts on, and every tensor of the loaded
 model with its shape, dtype and a digest, so the caller can compare them with what it wrote.
@@ -49,11 +52,57 @@ def describe(model: Any) -> dict[str, Any]:
         "draft_vocab_size": getattr(config, "draft_vocab_size", None),
         "vocab_size": getattr(layer, "vocab_size", None),
         "norm_before_residual": getattr(config, "norm_before_residual", None),
-        "aux_layer_ids": list(getattr(config, "eagle_aux_hidden_state_layer_ids", None) or []),
+        "aux_layer_ids": list(
+            getattr(config, "eagle_aux_hidden_state_layer_ids", None)
+            or getattr(config, "aux_hidden_state_layer_ids", None)
+            or []
+        ),
+        "block_keys": {
+            key: getattr(config, key)
+            for key in ("block_size", "mask_token_id", "sliding_window_non_causal", "sample_from_anchor")
+            if hasattr(config, key)
+        },
         "speculative_tokens": [m.speculative_tokens for m in config.speculators_config.proposal_methods],
         "verifier": config.speculators_config.verifier.name_or_path,
         "tensors": tensors,
     }
+
+
+def block_forward(model: Any, spec: dict[str, str]) -> None:
+    """Draft logits of a block drafter (DFlash family) through the package's own training forward
+    (``_backbone_forward``), in float32, for blocks anchored at given positions of one sequence.
+
+    Inputs (a safetensors file): ``hidden_states [1, T, n_aux * H]`` (the verifier's aux states), ``input_ids
+    [1, T]``, ``anchors [A]``. The package draws its anchors at random among the loss-masked positions and keeps all
+    of them when there are at most ``max_anchors``, so a loss mask set exactly at ``anchors`` makes it use those.
+    Writes ``logits [A, block_size, draft V]`` and ``lm_head`` / ``embed_tokens`` as the package holds them."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    inputs = load_file(spec["inputs"])
+    hidden, ids, anchors = inputs["hidden_states"], inputs["input_ids"], inputs["anchors"]
+    length = ids.shape[1]
+    loss_mask = torch.zeros(1, length)
+    loss_mask[0, anchors] = 1
+    model = model.float().eval()
+    width = model.config.transformer_layer_config.hidden_size
+    with torch.no_grad():
+        _, logits, _, _, _ = model._backbone_forward(
+            hidden.float(),
+            ids,
+            loss_mask,
+            torch.zeros(1, length, width),
+            torch.zeros(1, length, dtype=torch.long),
+            max_anchors=int(anchors.numel()),
+        )
+    save_file(
+        {
+            "logits": logits.reshape(int(anchors.numel()), model.block_size, -1).contiguous(),
+            "lm_head": model.lm_head.weight.detach().contiguous(),
+            "embed_tokens": model.embed_tokens.weight.detach().contiguous(),
+        },
+        spec["output"],
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -67,9 +116,18 @@ def main(argv: list[str]) -> int:
 
         from speculators import SpeculatorModel
 
+        if request.get("convert_dflash"):  # the package's own converter writes request["model"] first
+            from speculators.convert.dflash import DFlashConverter
+
+            job = request["convert_dflash"]
+            DFlashConverter().convert(
+                job["input"], request["model"], base_model=job["verifier"], validate=False
+            )
         started = time.perf_counter()
         model = SpeculatorModel.from_pretrained(request["model"])
         seconds = time.perf_counter() - started
+        if request.get("block_forward"):
+            block_forward(model, request["block_forward"])
         result = {
             "ok": True,
             "speculators_version": version("speculators"),

@@ -78,6 +78,8 @@ class VllmRequest:
     warmup: bool = False
     tokenizer: str | None = None
     name: str = ""
+    # record every proposal of vLLM's drafter (VllmResult.drafts): to compare them with our model's
+    record_drafts: bool = False
 
     def to_job(self, placement: VllmPlacement | None = None) -> dict[str, Any]:
         """The JSON job for the worker, with local paths made absolute (the worker runs in a temp directory);
@@ -244,6 +246,8 @@ class VllmResult:
     vllm_version: str = ""
     device: str = ""
     warnings: list[str] = field(default_factory=list)
+    # with VllmRequest.record_drafts: per drafting step [anchor ids, draft ids] (one row per running request)
+    drafts: list[list[list[Any]]] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -263,6 +267,7 @@ class VllmResult:
             vllm_version=vllm_version,
             device=device,
             warnings=list(job.get("warnings", [])),
+            drafts=job.get("drafts"),
             raw=job,
         )
 
@@ -274,6 +279,21 @@ def eagle3_speculative_config(draft_dir: str | Path, num_speculative_tokens: int
         "model": str(draft_dir),
         "num_speculative_tokens": int(num_speculative_tokens),
     }
+
+
+def draft_speculative_config(
+    draft_dir: str | Path, num_speculative_tokens: int | None = None
+) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for serving a verifier with any of our drafts, from its declared algorithm
+    unit (``method`` eagle3, dflash, ...); ``num_speculative_tokens`` defaults to the draft's
+    ``speculative_tokens``. vLLM 0.32 serves a DFlash draft as ``{"method": "dflash", "model": <draft dir>,
+    "num_speculative_tokens": k}`` (k mask slots after the anchor; it never reads ``block_size``)."""
+    from speculators import algorithms
+    from speculators.format.checkpoint import read_config
+
+    config = read_config(draft_dir)
+    k = num_speculative_tokens or config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    return algorithms.of_config(config).vllm_speculative_config(draft_dir, config, int(k))
 
 
 def vllm_python() -> Path:

@@ -7,7 +7,8 @@ so it must never import ``speculators``. The request holds a list of jobs; each 
 reads vLLM's metrics and frees the engine, so one process (one vLLM import, ~5 s) serves several configurations.
 
 Request: ``{"jobs": [{"name", "model", "speculative_config", "prompts", "max_tokens", "temperature", "seed",
-"dtype", "ignore_eos", "max_model_len", "kv_cache_gib", "gpu_memory_utilization", "warmup", "engine"}, ...]}``
+"dtype", "ignore_eos", "max_model_len", "kv_cache_gib", "gpu_memory_utilization", "warmup", "record_drafts",
+"engine"}, ...]}``
 (``engine``: LLM arguments the caller chose for its device and rank); a prompt is a
 chat-message list (rendered with the tokenizer's chat template), a token-id list, or a plain string.
 Result: ``{"vllm_version", "device", "jobs": [...]}``, rewritten after every job so a crash keeps earlier results.
@@ -152,6 +153,42 @@ def known_problems(job: dict[str, Any], k: int) -> list[str]:
     return problems
 
 
+class DraftRecorder:
+    """Records every proposal of vLLM's drafter while a job generates: ``[anchor ids, draft ids]`` per drafting
+    step, one row per running request (the bonus token each block is anchored at, then its proposals).
+
+    Why: vLLM reports only acceptance counts, which cannot tell two drafts that are both rejected apart; comparing
+    the proposals themselves with our own model's (tests/consumers/test_vllm_dflash.py) shows that vLLM reads every
+    tensor and config key as we meant. It wraps the proposer class's ``propose`` for the job's duration only
+    (the engine runs in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and changes no result."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[list[list[int]]]] = []
+        self._owner: Any = None
+        self._original: Any = None
+
+    def __enter__(self) -> DraftRecorder:
+        from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+        original = SpecDecodeBaseProposer.propose
+        steps = self.steps
+
+        def propose(proposer: Any, *args: Any, **kwargs: Any) -> Any:
+            drafts = original(proposer, *args, **kwargs)
+            anchors = kwargs.get("next_token_ids", args[4] if len(args) > 4 else None)
+            steps.append(
+                [[int(t) for t in anchors.tolist()], [[int(t) for t in row] for row in drafts.tolist()]]
+            )
+            return drafts
+
+        self._owner, self._original = SpecDecodeBaseProposer, original
+        SpecDecodeBaseProposer.propose = propose
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._owner.propose = self._original
+
+
 def start_engine(job: dict[str, Any]) -> tuple[Any, float]:
     """A new engine for ``job`` and the seconds it took to start."""
     from vllm import LLM
@@ -177,8 +214,13 @@ def generate(llm: Any, job: dict[str, Any], engine_seconds: float) -> dict[str, 
     if job.get("warmup"):
         llm.generate(inputs[:1], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
     before = spec_counters(llm)
+    recorder = DraftRecorder() if job.get("record_drafts") else None
     t0 = time.perf_counter()
-    outputs = llm.generate(inputs, params, use_tqdm=False)
+    if recorder is not None:
+        with recorder:
+            outputs = llm.generate(inputs, params, use_tqdm=False)
+    else:
+        outputs = llm.generate(inputs, params, use_tqdm=False)
     wall = time.perf_counter() - t0
     k = num_speculative_tokens(llm)
     spec = with_width(counter_delta(spec_counters(llm), before), k) if k else None
@@ -199,6 +241,7 @@ def generate(llm: Any, job: dict[str, Any], engine_seconds: float) -> dict[str, 
         "tokens_per_second": generated / wall if wall > 0 else None,
         "spec": spec,
         "warnings": known_problems(job, k),
+        "drafts": recorder.steps if recorder is not None else None,
     }
 
 
