@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from speculators import algorithms
 from speculators.export.model_card import (
     CardInfo,
     add_eval_results,
@@ -89,7 +90,7 @@ def export_checkpoint(
     verifier_path, verifier_config = load_verifier_config(str(verifier_ref))
     if draft_config is None or not draft_config.get("speculators_config"):
         draft_config = infer_draft_config(tensors, verifier_config, verifier_path, checkpoint.recipe)
-    config = Eagle3Config.from_dict(draft_config)
+    config = algorithms.of_config(draft_config).config_class.from_dict(draft_config)
     config.speculators_config.verifier = VerifierRef(
         name_or_path=verifier_name or verifier_path,
         architectures=list(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from speculators.format.validate import expected_shapes
+from speculators import algorithms
 from speculators.verifier import verifier_embedding
 
 # Stored names some producers use for layer 0 (vLLM accepts both; the standard is `layers.0.`).
@@ -163,7 +163,7 @@ def standard_tensors(
         int(layer["vocab_size"]),
         int(config.get("draft_vocab_size", layer["vocab_size"])),
     )
-    shapes = expected_shapes(config)
+    shapes = algorithms.of_config(config).expected_shapes(config)  # the draft type's own tensors
     out = {n: t for n, t in tensors.items() if n not in ("d2t", "t2d")}
     out.update(standard_vocab(tensors, draft_vocab_size, vocab_size, where))
     if "embed_tokens.weight" not in out:

@@ -89,9 +89,13 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
             f"speculators_model_type {model_type!r} is not servable by vLLM (one of {SERVABLE_MODEL_TYPES}); "
             "an EAGLE-1/HASS-style draft must be converted to the eagle3 architecture"
         )
-    if DRAFT_ARCHITECTURE not in (config.get("architectures") or []):
-        yield warning(f'architectures should be ["{DRAFT_ARCHITECTURE}"]')
+    unit = _algorithm(config)
+    architecture = unit.config_class.ARCHITECTURE if unit is not None else DRAFT_ARCHITECTURE
+    if architecture not in (config.get("architectures") or []):
+        yield warning(f'architectures should be ["{architecture}"]')
     yield from _speculators_config_findings(config.get("speculators_config"), error)
+    if unit is not None:  # the draft type's own keys (speculators/algorithms/<type>.py)
+        yield from (error(message) for message in unit.config_rules(config))
 
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
@@ -149,6 +153,16 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
             yield warning(
                 f"{flag} is true: only recent vLLM releases read it; a max-compat export leaves it false"
             )
+
+
+def _algorithm(config: dict[str, Any]) -> Any:
+    """The declared unit of the config's draft type, or None for a type this project does not read."""
+    from speculators import algorithms
+
+    try:
+        return algorithms.of_config(config)
+    except ValueError:
+        return None
 
 
 def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
@@ -312,8 +326,9 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
     except (FileNotFoundError, OSError, ValueError) as exc:
         yield Finding("error", str(directory), f"cannot read the weights: {exc}")
         return
+    unit = _algorithm(config)
     try:
-        shapes = expected_shapes(config)
+        shapes = (unit.expected_shapes if unit is not None else expected_shapes)(config)
     except (KeyError, TypeError) as exc:
         yield Finding("error", "config.json", f"cannot derive tensor shapes: missing {exc}")
         return
