@@ -49,7 +49,8 @@ def test_peagle_learns_parallel_depths_and_writes_a_valid_checkpoint(peagle_run)
     assert ceiling > 3.5  # three depths: three draft tokens per forward
     # untrained depths score ~1.0; the mask slots have no verifier feature, so depth >= 1 is harder than TTT's
     assert (best["acceptance_length"] - 1) / (ceiling - 1) > 0.4, best
-    assert best["metrics"]["eval/accept_rate_1"] > 0.3, best  # depth 1 (a mask slot) learned, not only depth 0
+    # depth 1 (a mask slot) learned, not only depth 0
+    assert best["metrics"]["eval/accept_rate_1"] > 0.3, best
     draft_dir = resolve_draft_dir(peagle_run)
     config = json.loads((draft_dir / "config.json").read_text())
     assert config["speculators_model_type"] == "peagle" and config["architectures"] == ["PEagleSpeculator"]
@@ -90,8 +91,10 @@ def test_cod_sampling_is_reproducible_with_speculators_depth_sizes():
     assert not torch.equal(chosen, sample_cod(trained, max_anchors=100, seed=4))
     sizes = [int(chosen[d].sum()) for d in range(depths)]
     # depth 0 everywhere; depth d: int((seeds - d) * max(0.7^d, 0.2)) of the 100 seeds
-    assert sizes == [rows * length, 69, 48, 33] == [rows * length] + [cod_depth_size(100, d) for d in (1, 2, 3)]
-    for depth in range(2, depths):  # chains are prefix-closed: a trained depth's chain was trained one depth lower
+    assert sizes == [rows * length, 69, 48, 33]
+    assert sizes[1:] == [cod_depth_size(100, d) for d in (1, 2, 3)]
+    # chains are prefix-closed: a trained depth's chain was trained one depth lower
+    for depth in range(2, depths):
         assert bool((chosen[depth] <= chosen[depth - 1]).all())
     # a depth without targets at the chain's anchor stops that chain; fewer survivors than the size keeps them all
     sparse = trained.clone()
@@ -118,7 +121,8 @@ def test_training_depths_equal_one_inference_forward(tiny_llama_dir):
     positions = torch.arange(length)[None]
     documents = torch.zeros(1, length, dtype=torch.long)
     with torch.no_grad():
-        dense = ParallelDraft(draft, 4, attention_backend="chunked", chunk_size=16)(ids, aux, positions, documents)
+        parallel = ParallelDraft(draft, 4, attention_backend="chunked", chunk_size=16)
+        dense = parallel(ids, aux, positions, documents)
         features, bonus = draft.project_features(aux), shift_left(ids, 1)
         for t in (0, 5, 21, 35):
             prefix_ids, prefix_features = bonus[:, : t + 1], features[:, : t + 1]

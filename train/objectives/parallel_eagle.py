@@ -167,7 +167,8 @@ class ParallelDepths(TrainingTimeTest):
             self.settings.train.mask_out_of_vocab,
         )
         chosen = sample_cod(masks.trained, self.settings.train.max_anchors, seed)
-        return Plan(StepMasks(masks.valid & chosen, masks.trained & chosen, masks.target_draft_id), needed, {})
+        sampled = StepMasks(masks.valid & chosen, masks.trained & chosen, masks.target_draft_id)
+        return Plan(sampled, needed, {})
 
 
 __all__ = ["COD_FLOOR", "COD_RATE", "ParallelDepths", "ParallelDraft", "cod_depth_size", "sample_cod"]
