@@ -243,6 +243,9 @@ def build_meta_draft(
     )
     with torch.device("meta"):
         draft = Eagle3DraftModel(draft_config).to(dtype)
+    # a trained embedding (P-EAGLE) moves from the frozen to the trainable bytes; its activations are the TTT
+    # unroll's (same attention, one draft pass per depth), so the traced step stands for it as it is
+    draft.embed_tokens.weight.requires_grad_(model_cfg.embed_requires_grad)
     model = TTTDraft(
         draft,
         settings.train.ttt_steps,
