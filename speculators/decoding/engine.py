@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from speculators import algorithms
 from speculators.decoding.cache import VerifierCache
 from speculators.decoding.drafter import Drafter, Segment
 from speculators.decoding.lean import LeanForward, lean_supported
 from speculators.decoding.metrics import DecodingStats
+from speculators.decoding.parallel_drafter import ParallelDrafter
 from speculators.decoding.sampling import sample, target_probs
 from speculators.decoding.tree import DraftTree
 from speculators.decoding.verify import RejectionSampler, Verdict, verify_greedy
@@ -258,8 +260,24 @@ def plain_generate(
 
 
 # ---- speculative decoding -------------------------------------------------------------------------------------
+# the drafter of each drafting mode an algorithm unit declares (speculators.algorithms); block drafters have none here
+DRAFTERS: dict[str, type[Drafter]] = {"sequential": Drafter, "parallel": ParallelDrafter}
+
+
+def drafter_class(draft: nn.Module) -> type[Drafter]:
+    """The drafter that runs ``draft`` as vLLM does, chosen by its algorithm unit's drafting mode."""
+    unit = algorithms.get(draft.config.SPECULATORS_MODEL_TYPE)
+    if unit.drafting not in DRAFTERS:
+        raise ValueError(
+            f"{unit.name} drafts in {unit.drafting!r} mode, which this engine does not run (it runs "
+            f"{sorted(DRAFTERS)}); serve the draft with vLLM instead"
+        )
+    return DRAFTERS[unit.drafting]
+
+
 class SpeculativeDecoder:
-    """A verifier (HF causal LM) and an EAGLE-3 draft; ``generate`` decodes one batch of tokenised prompts."""
+    """A verifier (HF causal LM) and an EAGLE-3-family draft (EAGLE-3: k forwards per chain; P-EAGLE: one);
+    ``generate`` decodes one batch of tokenised prompts."""
 
     def __init__(
         self,
@@ -290,7 +308,7 @@ class SpeculativeDecoder:
         cfg = self.config
         start = time.perf_counter()
         runner = VerifierRunner(self.verifier, len(prompts), self.aux_layer_ids)
-        drafter = Drafter(self.draft, len(prompts), runner.device)
+        drafter = drafter_class(self.draft)(self.draft, len(prompts), runner.device)
         outputs = _Outputs(len(prompts), cfg.max_new_tokens, eos_token_ids)
         logits, ids, valid = runner.prefill(prompts)
         root = _pick(logits[:, -1], cfg.temperature, cfg.top_p, generator)
