@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from speculators import algorithms
 from speculators.atomic import atomic_write_json
 from speculators.decoding import DecodingConfig, DecodingStats, SpeculativeDecoder, eos_ids, plain_generate
 from speculators.eval.prompts import Messages, load_prompts, select_prompts
@@ -79,7 +80,7 @@ def load_draft(source: Path, dtype: torch.dtype = torch.float32) -> tuple[Eagle3
     from speculators.runs import resolve_draft_dir
 
     draft_dir = resolve_draft_dir(source)
-    return Eagle3DraftModel.from_pretrained(draft_dir, dtype=dtype), draft_dir
+    return algorithms.load_draft(draft_dir, dtype=dtype), draft_dir  # the class its config declares
 
 
 def _run_batches(
@@ -344,12 +345,8 @@ def _vllm_runs(
     dtype: str = "float32",
 ) -> dict[str, Any]:
     """The same token prompts, k and max_new_tokens through vLLM (chains only; vLLM has no EAGLE-2 tree here)."""
-    from speculators.serving.vllm_bridge import (
-        VllmRequest,
-        eagle3_speculative_config,
-        run_vllm,
-        vllm_available,
-    )
+    from speculators.format.checkpoint import read_config
+    from speculators.serving.vllm_bridge import VllmRequest, run_vllm, vllm_available
     from speculators.verifier import resolve_verifier_path
 
     if draft_dir is None:
@@ -365,7 +362,10 @@ def _vllm_runs(
     # just what the prompts need: vLLM refuses a max_model_len beyond the verifier's max_position_embeddings
     max_model_len = max(map(len, prompts)) + settings.max_new_tokens + max(settings.ks) + 16
     # vLLM without a draft first, on the same prompts: the baseline for its tokens/s with the draft.
-    chains = [(f"chain-k{k}", eagle3_speculative_config(draft_dir, k)) for k in settings.ks]
+    # the draft type's own vLLM settings (P-EAGLE: method eagle3 with parallel drafting)
+    config = read_config(draft_dir)
+    unit = algorithms.of_config(config)
+    chains = [(f"chain-k{k}", unit.vllm_speculative_config(draft_dir, config, k)) for k in settings.ks]
     baseline = [("plain", None)] if settings.compare_plain else []
     requests = [
         VllmRequest(

@@ -71,6 +71,20 @@ def test_peagle_learns_parallel_depths_and_writes_a_valid_checkpoint(peagle_run)
     }
 
 
+def test_export_writes_a_validated_bf16_peagle_directory(peagle_run, tmp_path):
+    from speculators.export.exporter import export_checkpoint
+    from speculators.format.checkpoint import load_checkpoint
+
+    result = export_checkpoint(peagle_run, tmp_path / "export")
+    assert not errors(result.findings), result.findings
+    config, tensors = load_checkpoint(tmp_path / "export")
+    trained = json.loads((resolve_draft_dir(peagle_run) / "config.json").read_text())
+    assert config["speculators_model_type"] == "peagle" and config["torch_dtype"] == "bfloat16"
+    assert config["mask_token_id"] == trained["mask_token_id"]
+    assert tensors["mask_hidden"].shape == (1, 1, 3 * 64) and tensors["mask_hidden"].dtype == torch.bfloat16
+    assert set(tensors) == set(algorithms.get("peagle").expected_shapes(config))
+
+
 def test_validator_names_what_vllm_would_do_with_a_bad_peagle_config(peagle_run):
     config = json.loads((resolve_draft_dir(peagle_run) / "config.json").read_text())
     rules = algorithms.get("peagle").config_rules
