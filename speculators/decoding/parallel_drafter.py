@@ -40,9 +40,7 @@ class ParallelDrafter(Drafter):
         rows = torch.arange(batch, device=device)
         last = segment.last
         features = self.draft.project_features(segment.features.to(self.dtype))
-        bonus_ids = torch.zeros(batch, slots, dtype=torch.long, device=device)
-        bonus_features = features.new_zeros(batch, slots, features.shape[-1])
-        mask_ids, mask_features = self.draft.slot_inputs(bonus_ids, bonus_features, depth=1)
+        mask_ids, mask_features = self.draft.mask_slots((batch, slots), features)
         offsets = torch.arange(1, slots + 1, device=device)
         positions = torch.cat([segment.positions, segment.positions[rows, last][:, None] + offsets], dim=1)
         valid = torch.cat([segment.valid, torch.ones(batch, slots, dtype=torch.bool, device=device)], dim=1)

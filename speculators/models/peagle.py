@@ -48,8 +48,16 @@ class PEagleDraftModel(Eagle3DraftModel):
         verifier features ``[..., H]`` at depth 0, else the mask token and ``fc(mask_hidden)`` broadcast to them."""
         if depth == 0:
             return bonus_ids, bonus_features
-        ids = torch.full_like(bonus_ids, self.config.mask_token_id)
-        return ids, self.mask_feature().to(bonus_features.dtype).expand_as(bonus_features)
+        return self.mask_slots(bonus_ids.shape, bonus_features)
+
+    def mask_slots(
+        self, shape: torch.Size | tuple[int, ...], like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids ``shape`` (all ``mask_token_id``) and features ``[*shape, H]`` (``fc(mask_hidden)``) of mask
+        slots, on ``like``'s device and in its dtype."""
+        ids = torch.full(tuple(shape), self.config.mask_token_id, dtype=torch.long, device=like.device)
+        features = self.mask_feature().to(like.dtype).reshape(-1)
+        return ids, features.expand(*shape, features.shape[0])
 
 
 __all__ = ["PEagleDraftModel"]
