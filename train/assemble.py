@@ -205,11 +205,16 @@ def scale_fc_by_feature_rms(draft: Eagle3DraftModel, feature_rms: torch.Tensor) 
 
 
 def build_draft(
-    settings: TrainSettings, config: Eagle3Config, vocab: DraftVocab, head: TargetHead
+    settings: TrainSettings,
+    config: Eagle3Config,
+    vocab: DraftVocab,
+    head: TargetHead,
+    model_class: type[Eagle3DraftModel] = Eagle3DraftModel,
 ) -> Eagle3DraftModel:
-    """A fresh draft (same init on every rank) with the verifier's embedding and, optionally, its lm_head rows."""
+    """A fresh draft (same init on every rank) with the verifier's embedding and, optionally, its lm_head rows.
+    ``model_class``: the EAGLE-3 family member to build (P-EAGLE adds its mask feature to the same layers)."""
     torch.manual_seed(settings.seed)
-    draft = Eagle3DraftModel(config)
+    draft = model_class(config)
     draft.set_vocab(vocab.d2t, vocab.t2d)
     embedding = verifier_embedding(settings.verifier.name_or_path)
     draft.embed_tokens.weight.data.copy_(embedding.to(draft.embed_tokens.weight.dtype))
@@ -235,18 +240,9 @@ def build_block_draft(
     (:mod:`speculators.mask_token`, the reason written into the config), the verifier's embedding, its lm_head rows
     of the draft vocabulary. The final norm stays at ones: the verifier's gain on an untrained draft's state makes
     its logits over-confident (measured on EAGLE-3's demo recipe: step-0 held-out loss 53.4 vs 28.8)."""
-    from transformers import AutoTokenizer
-
-    from speculators.mask_token import resolve_mask_token
-
     model = settings.model
-    verifier_path = resolve_verifier_path(settings.verifier.name_or_path)
     embedding = verifier_embedding(settings.verifier.name_or_path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(verifier_path)
-    except (OSError, ValueError):  # a verifier directory without tokenizer files
-        tokenizer = None
-    mask_id, reason = resolve_mask_token(tokenizer, embedding.shape[0], features.counts, model.mask_token_id)
+    mask_id, reason = draft_mask_token(settings, features, embedding.shape[0])
     config = block_draft_config(
         settings,
         config_class,
@@ -303,6 +299,20 @@ def _declared_fields(config_class: Any, values: dict[str, Any]) -> dict[str, Any
 
     names = {f.name for f in dataclasses.fields(config_class)}
     return {key: value for key, value in values.items() if key in names}
+
+
+def draft_mask_token(settings: TrainSettings, features: Any, embedding_rows: int) -> tuple[int, str]:
+    """``(mask_token_id, reason)`` of a draft with mask slots (:mod:`speculators.mask_token`): the recipe's id, else
+    one chosen from the verifier's tokenizer (if its directory has one) and the training data's token counts."""
+    from transformers import AutoTokenizer
+
+    from speculators.mask_token import resolve_mask_token
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_verifier_path(settings.verifier.name_or_path))
+    except (OSError, ValueError):  # a verifier directory without tokenizer files
+        tokenizer = None
+    return resolve_mask_token(tokenizer, embedding_rows, features.counts, settings.model.mask_token_id)
 
 
 @torch.no_grad()
@@ -468,6 +478,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 __all__ = [
     "build_draft",
+    "draft_mask_token",
     "calibrate_warm_start",
     "warm_start_from_verifier",
     "scale_fc_by_feature_rms",

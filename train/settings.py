@@ -75,6 +75,8 @@ class ModelSettings:
     block_causal: bool = True
     mask_token_id: int | None = None
     markov_rank: int = 256  # DSpark's Markov head rank
+    # P-EAGLE: train the embedding too (speculators 0.9.0 always does); EAGLE-3 and DFlash keep it frozen
+    embed_requires_grad: bool = False
 
     def problems(self) -> list[str]:
         found = _at_least("model.num_layers", self.num_layers, 1)

@@ -3,7 +3,8 @@
 An algorithm declares, in one module of this package (``eagle3.py``, ``dflash.py``, ...):
 
 * its config class (``config.json``) and model class (one module serving training, decoding and export);
-* how the engine drafts with it: ``sequential`` (k forwards for k tokens, EAGLE-3) or ``block`` (one forward);
+* how the engine drafts with it: ``sequential`` (k forwards for k tokens, EAGLE-3), ``block`` (one forward over a
+  block against context features, DFlash) or ``parallel`` (one forward of K slots over an EAGLE-3 KV cache, P-EAGLE);
 * its export spec: the aux-layer ids it reads, the speculative tokens it serves, the tensors it must hold and the
   validator rules of its own keys, and how vLLM is told to run it.
 
@@ -31,7 +32,7 @@ class Algorithm:
     name: str  # speculators_model_type
     config_class: type
     model_class: type
-    drafting: str  # "sequential" or "block"
+    drafting: str  # "sequential", "block" or "parallel"
     aux_layer_key: (
         str  # the config key holding the aux-layer ids (vLLM convention: residual entering layer k)
     )

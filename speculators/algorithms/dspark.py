@@ -37,6 +37,7 @@ def dspark_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]
 DSPARK = register(
     Algorithm(
         name="dspark",
+        display_name="DSpark",
         config_class=DSparkConfig,
         model_class=DSparkDraftModel,
         drafting="block",

@@ -183,8 +183,9 @@ class DraftCache:
 
         return attend
 
-    def commit(self) -> None:
-        self.committed = self.length
+    def commit(self, columns: int | None = None) -> None:
+        """Mark the first ``columns`` columns (default: all) as confirmed; later ones are speculative."""
+        self.committed = self.length if columns is None else int(columns)
 
     def rollback(self) -> None:
         """Forget the speculative entries written since the last :meth:`commit`."""

@@ -11,8 +11,9 @@ from typing import Any
 from speculators import algorithms
 from speculators.decoding.block_drafter import BlockDrafter
 from speculators.decoding.drafter import Drafter
+from speculators.decoding.parallel_drafter import ParallelDrafter
 
-DRAFTERS: dict[str, type] = {"sequential": Drafter, "block": BlockDrafter}
+DRAFTERS: dict[str, type] = {"sequential": Drafter, "parallel": ParallelDrafter, "block": BlockDrafter}
 
 
 def algorithm_of(draft: Any) -> algorithms.Algorithm:

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from speculators import algorithms
 from speculators.atomic import atomic_write_json
 from speculators.decoding import DecodingConfig, DecodingStats, SpeculativeDecoder, eos_ids, plain_generate
 from speculators.decoding.drafters import default_k
@@ -89,7 +90,6 @@ class EvalSettings:
 def load_draft(source: Path, dtype: torch.dtype = torch.float32) -> tuple[DraftModel, Path]:
     """A draft of any registered type from an exported directory, a trainer ``step-<N>`` checkpoint (its
     ``draft/``), or a run directory (its best checkpoint by acceptance, else the latest)."""
-    from speculators import algorithms
     from speculators.runs import resolve_draft_dir
 
     draft_dir = resolve_draft_dir(source)
@@ -413,7 +413,6 @@ def _vllm_runs(
     dtype: str = "float32",
 ) -> dict[str, Any]:
     """The same token prompts, k and max_new_tokens through vLLM (chains only; vLLM has no EAGLE-2 tree here)."""
-    from speculators import algorithms
     from speculators.format.checkpoint import read_config
     from speculators.serving.vllm_bridge import VllmRequest, run_vllm, vllm_available
     from speculators.verifier import resolve_verifier_path

@@ -80,6 +80,7 @@ class VllmRequest:
     name: str = ""
     # record every proposal of vLLM's drafter (VllmResult.drafts): to compare them with our model's
     record_drafts: bool = False
+    count_draft_forwards: bool = False  # report SpecDecodeMetrics.draft_forwards
 
     def to_job(self, placement: VllmPlacement | None = None) -> dict[str, Any]:
         """The JSON job for the worker, with local paths made absolute (the worker runs in a temp directory);
@@ -202,6 +203,11 @@ class SpecDecodeMetrics:
     num_draft_tokens: int
     num_accepted_tokens: int
     accepted_per_position: list[int]
+    method: str = ""  # the speculative method vLLM ran (a P-EAGLE draft runs as "eagle3")
+    parallel_drafting: bool = False  # whether vLLM drafted the k tokens in one forward
+    # how often the drafter's model ran during the call (requests with ``count_draft_forwards``): about k per
+    # proposal when drafting sequentially, one when in parallel
+    draft_forwards: int | None = None
 
     @property
     def mean_acceptance_length(self) -> float:

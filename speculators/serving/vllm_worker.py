@@ -8,8 +8,8 @@ reads vLLM's metrics and frees the engine, so one process (one vLLM import, ~5 s
 
 Request: ``{"jobs": [{"name", "model", "speculative_config", "prompts", "max_tokens", "temperature", "seed",
 "dtype", "ignore_eos", "max_model_len", "kv_cache_gib", "gpu_memory_utilization", "warmup", "record_drafts",
-"engine"}, ...]}``
-(``engine``: LLM arguments the caller chose for its device and rank); a prompt is a
+"engine", "count_draft_forwards"}, ...]}`` (``engine``: LLM arguments the caller chose for its device and rank;
+``count_draft_forwards``: report how often the drafter's model ran during the generation); a prompt is a
 chat-message list (rendered with the tokenizer's chat template), a token-id list, or a plain string.
 Result: ``{"vllm_version", "device", "jobs": [...]}``, rewritten after every job so a crash keeps earlier results.
 """
@@ -141,6 +141,30 @@ def num_speculative_tokens(llm: Any) -> int:
     return int(config.num_speculative_tokens) if config is not None else 0
 
 
+def draft_forward_reader(llm: Any) -> Any:
+    """A function returning how many times the drafter's model has run so far (``None`` without a drafter).
+
+    The count is what proves how a drafter drafts: a sequential EAGLE-3 drafter runs its model k times per
+    proposal, a parallel one (P-EAGLE, ``parallel_drafting``) once; vLLM's metrics count proposals, not forwards.
+    A forward hook on the drafter's model (installed once, through the engine's own ``collective_rpc``, in the
+    in-process engine core) counts every call. It observes; it changes nothing the engine computes."""
+
+    def read(wrapper: Any) -> int | None:
+        worker = getattr(wrapper, "worker", wrapper)
+        drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+        model = getattr(drafter, "model", None)
+        if model is None:
+            return None
+        counter = getattr(model, "_draft_forward_count", None)
+        if counter is None:
+            counter = [0]
+            model.register_forward_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+            model._draft_forward_count = counter
+        return counter[0]
+
+    return lambda: llm.collective_rpc(read)[0]
+
+
 def known_problems(job: dict[str, Any], k: int) -> list[str]:
     """Measured defects of this vLLM build that make a result misleading (reported, not hidden)."""
     problems = []
@@ -213,6 +237,8 @@ def generate(llm: Any, job: dict[str, Any], engine_seconds: float) -> dict[str, 
     inputs = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
     if job.get("warmup"):
         llm.generate(inputs[:1], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
+    forwards = draft_forward_reader(llm) if job.get("count_draft_forwards") else None
+    forwards_before = forwards() if forwards else None
     before = spec_counters(llm)
     recorder = DraftRecorder() if job.get("record_drafts") else None
     t0 = time.perf_counter()
@@ -224,6 +250,12 @@ def generate(llm: Any, job: dict[str, Any], engine_seconds: float) -> dict[str, 
     wall = time.perf_counter() - t0
     k = num_speculative_tokens(llm)
     spec = with_width(counter_delta(spec_counters(llm), before), k) if k else None
+    if spec is not None:
+        config = llm.llm_engine.vllm_config.speculative_config
+        spec["method"] = str(config.method)
+        spec["parallel_drafting"] = bool(getattr(config, "parallel_drafting", False))
+        if forwards_before is not None:
+            spec["draft_forwards"] = forwards() - forwards_before
     token_ids = [list(out.outputs[0].token_ids) for out in outputs]
     generated = sum(len(ids) for ids in token_ids)
     return {

@@ -15,7 +15,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from speculators.format import Eagle3Config
 from speculators.format.checkpoint import read_config
 from speculators.models import Eagle3DraftModel
 from speculators.vocab import DraftVocab, build_draft_vocab
@@ -53,17 +52,26 @@ def shifted(vocab: DraftVocab) -> DraftVocab:
 
 
 def build_smollm2_draft(
-    smollm2_dir: Path, verifier_ref: Path, vocab: DraftVocab, seed: int, zero_norm: bool = False
+    smollm2_dir: Path,
+    verifier_ref: Path,
+    vocab: DraftVocab,
+    seed: int,
+    zero_norm: bool = False,
+    model_class: type[Eagle3DraftModel] = Eagle3DraftModel,
+    speculative_tokens: int = SPECULATIVE_TOKENS,
+    **config_fields,
 ) -> Eagle3DraftModel:
-    """A random EAGLE-3 draft for SmolLM2 with the verifier's real embedding copied in."""
+    """A random draft of the EAGLE-3 family (``model_class``; ``config_fields``: its config's own, e.g. P-EAGLE's
+    mask token) for SmolLM2 with the verifier's real embedding copied in."""
     torch.manual_seed(seed)
-    config = Eagle3Config.from_verifier(
+    config = model_class.config_class.from_verifier(
         read_config(smollm2_dir),
         str(verifier_ref),
         draft_vocab_size=DRAFT_VOCAB,
-        speculative_tokens=SPECULATIVE_TOKENS,
+        speculative_tokens=speculative_tokens,
+        **config_fields,
     )
-    model = Eagle3DraftModel(config)
+    model = model_class(config)
     model.set_vocab(vocab.d2t, vocab.t2d)
     embedding = load_file(str(smollm2_dir / "model.safetensors"))["model.embed_tokens.weight"]
     with torch.no_grad():

@@ -2,10 +2,11 @@
 how each drafted position is scored. One module per objective; the trainer loop only calls the interface below.
 
 An objective is keyed by ``train.algorithm`` (``eagle3`` and ``hass`` share the training-time-test objective;
-``dflash`` trains anchor blocks) and scores ``steps`` drafted positions per draft: the TTT unroll's steps, or a
-block's draft slots. Step j of a draft started after position t always targets the verifier's distribution at
-t+1+j (the token x_{t+2+j}), so the per-step statistics (:class:`train.step_stats.StepStats`), the simulated
-acceptance length and the logs mean the same for every algorithm.
+``dflash`` trains anchor blocks; ``peagle`` trains parallel depths on COD-sampled chains) and scores ``steps``
+drafted positions per draft: the TTT unroll's steps, a block's draft slots, or P-EAGLE's depths. Step j of a
+draft started after position t always targets the verifier's distribution at t+1+j (the token x_{t+2+j}), so the
+per-step statistics (:class:`train.step_stats.StepStats`), the simulated acceptance length and the logs mean the
+same for every algorithm.
 
 Every module of this package is imported and registers its objective class (:func:`register`): a new algorithm's
 objective is a new module, not edits across the trainer.

@@ -1,0 +1,211 @@
+"""P-EAGLE: K depths drafted in parallel, trained on chains sampled by COD (speculators.models.peagle).
+
+Depth d of the chain anchored at position t is the element at position t+d that one inference forward fills in
+after the verifier accepted x_0..x_t and emitted x_{t+1}:
+
+    depth 0     token x_{t+1}, feature fc(aux(t))           (EAGLE-3's ordinary input, every position t)
+    depth d>=1  mask_token_id, feature fc(mask_hidden)     at rope position pos_t + d
+
+It targets the verifier's distribution at t+1+d (token x_{t+2+d}): exactly step j = d at t of the shared convention
+(train.losses.step_masks), so the per-step statistics and the simulated acceptance length mean what they mean for
+EAGLE-3. Element (t, d) sees the depth-0 elements of positions <= t of its document and its own chain's
+(t, d' <= d): the TTT "diagonal" attention (train/ttt_attention.py), reused as it is.
+
+K is ``train.ttt_steps``: P-EAGLE's depths are the TTT steps of the shared convention (same targets, same
+attention; only the inputs of steps >= 1 differ), so the loop, ``eval.k`` and the memory plan need no new key.
+The export's ``speculative_tokens`` is K.
+
+Compute: the simplest correct path. Every depth is computed at every position (the TTT unroll's cost), and COD
+(:func:`sample_cod`) chooses which elements are TRAINED: depth 0 at every trained position (as speculators does),
+and chains grown from up to ``train.max_anchors`` seeds, depth d keeping ``int((n_seeds - d) · max(0.7^d, 0.2))`` of
+the survivors of depth d-1 (speculators 0.9.0's rule: a fraction of the seed count). Chains are prefix-closed, so
+with every depth computed the attention each trained element sees is the one speculators builds from the sampled
+elements alone; gathering only the sampled elements would save compute, not change the loss.
+
+Loss: soft cross-entropy (forward KL up to the target entropy) per depth, depth d weighted
+``train.step_weight_decay ** d`` (speculators: 1.0 for every depth), each depth normalised by the global batch's
+trained count. Evaluation drafts K tokens at every held-out position from one (parallel) forward per anchor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from speculators.format.config import PEagleConfig
+from speculators.models.peagle import PEagleDraftModel
+from speculators.verifier import resolve_verifier_path, verifier_embedding
+from train.assemble import build_draft, calibrate_warm_start, draft_mask_token, scale_fc_by_feature_rms
+from train.data import MicroBatch
+from train.losses import StepMasks, shift_left, step_masks
+from train.objectives import Plan, register
+from train.objectives.ttt import TrainingTimeTest
+from train.targets import TargetHead, needed_positions, target_draft_ids
+from train.ttt_attention import TTTAttention
+
+# COD (speculators 0.9.0, models/peagle/data.py): depth d keeps max(COD_RATE^d, COD_FLOOR) of the seed count
+COD_RATE = 0.7
+COD_FLOOR = 0.2
+
+
+def cod_depth_size(seeds: int, depth: int) -> int:
+    """How many chains depth ``depth`` >= 1 keeps out of ``seeds`` (speculators' rule, module docstring)."""
+    return int((seeds - depth) * max(COD_RATE**depth, COD_FLOOR))
+
+
+def sample_cod(trained: torch.Tensor, max_anchors: int, seed: int) -> torch.Tensor:
+    """The trained elements bool ``[K, B, L]`` (depth, row, anchor) among ``trained`` (those with a target).
+
+    Depth 0: every trained position. Seeds: anchors whose depth 1 has a target, at most ``max_anchors`` of them
+    (uniform without replacement). Depth d >= 1: :func:`cod_depth_size` chains drawn uniformly from the depth-(d-1)
+    survivors whose depth d has a target (all of them when fewer); sampling stops at the first empty depth.
+    Reproducible from ``seed`` (a resumed run samples what it would have), independent of the device."""
+    depths = trained.shape[0]
+    selected = torch.zeros_like(trained)
+    selected[0] = trained[0]
+    if depths == 1:
+        return selected
+    generator = torch.Generator().manual_seed(seed)
+    flat = trained.flatten(1).cpu()
+    alive = flat[1].nonzero().flatten()
+    if alive.numel() > max_anchors:
+        alive = alive[torch.randperm(alive.numel(), generator=generator)[:max_anchors]].sort().values
+    seeds = alive.numel()
+    chosen = selected.flatten(1)
+    for depth in range(1, depths):
+        size = cod_depth_size(seeds, depth)
+        alive = alive[flat[depth, alive]]
+        if size <= 0 or alive.numel() == 0:
+            break
+        if alive.numel() > size:
+            alive = alive[torch.randperm(alive.numel(), generator=generator)[:size]].sort().values
+        chosen[depth, alive.to(chosen.device)] = True
+    return selected
+
+
+class ParallelDraft(nn.Module):
+    """Wraps a :class:`PEagleDraftModel` (its parameters are ``draft.*``): one module forward computes every depth
+    at every position (what DDP/DeepSpeed need: one forward per backward) and returns K logits ``[B, L, Vd]``."""
+
+    def __init__(
+        self, draft: PEagleDraftModel, depths: int, attention_backend: str = "auto", chunk_size: int = 256
+    ) -> None:
+        super().__init__()
+        if depths < 1:
+            raise ValueError(f"train.ttt_steps={depths}: P-EAGLE needs at least one depth")
+        self.draft = draft
+        self.steps = depths
+        self.attention_backend = attention_backend
+        self.chunk_size = chunk_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        aux_hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        steps: int | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Depth d's logits at every anchor t (module docstring); ``steps`` overrides K (evaluation)."""
+        steps = steps or self.steps
+        draft = self.draft
+        features = draft.project_features(aux_hidden.to(draft.fc.weight.dtype))
+        bonus = shift_left(input_ids, 1)
+        attend = TTTAttention(document_ids, self.attention_backend, self.chunk_size, total_steps=steps)
+        logits = []
+        for depth in range(steps):
+            ids, hidden = draft.slot_inputs(bonus, features, depth)
+            depth_logits, _ = draft(ids, hidden, position_ids + depth, attend)
+            logits.append(depth_logits)
+        return tuple(logits)
+
+
+@register
+class ParallelDepths(TrainingTimeTest):
+    """The TTT objective's loss and evaluation (the model returns per-depth logits in the same convention) with
+    P-EAGLE's draft and COD's choice of trained elements."""
+
+    algorithms = ("peagle",)
+
+    def build(
+        self, verifier_config: dict[str, Any], features: Any, vocab: Any, head: TargetHead, fresh: bool
+    ) -> tuple[Any, nn.Module]:
+        settings, model = self.settings, self.settings.model
+        embedding = verifier_embedding(settings.verifier.name_or_path)
+        mask_id, reason = draft_mask_token(settings, features, embedding.shape[0])
+        config = self._config(
+            verifier_config,
+            features.aux_layer_ids,
+            vocab.draft_vocab_size,
+            mask_id,
+            reason,
+            resolve_verifier_path(settings.verifier.name_or_path),
+        )
+        draft = build_draft(settings, config, vocab, head, PEagleDraftModel)
+        if model.fc_init == "feature_rms" and fresh:
+            scale_fc_by_feature_rms(draft, features.feature_rms().to(draft.fc.weight.device))
+        if model.warm_start == "top_layer" and fresh:
+            calibrate_warm_start(draft, features.residual_rms())
+        train = settings.train
+        return config, ParallelDraft(draft, self.steps, train.attention_backend, train.attention_chunk)
+
+    def _config(
+        self,
+        verifier_config: dict[str, Any],
+        aux_layer_ids: list[int],
+        draft_vocab_size: int,
+        mask_token_id: int,
+        mask_token_source: str,
+        name_or_path: str,
+    ) -> PEagleConfig:
+        """The recipe's P-EAGLE config.json (the trainer's and the memory plan's)."""
+        model = self.settings.model
+        return PEagleConfig.from_verifier(
+            verifier_config,
+            name_or_path=name_or_path,
+            mask_token_id=mask_token_id,
+            mask_token_source=mask_token_source,
+            embed_requires_grad=model.embed_requires_grad,
+            draft_vocab_size=draft_vocab_size,
+            aux_layer_ids=aux_layer_ids,
+            speculative_tokens=self.steps,
+            num_layers=model.num_layers,
+            layer_type=model.layer_type,
+            norm_before_residual=model.norm_before_residual,
+            torch_dtype="float32",
+        )
+
+    def meta_model(
+        self,
+        verifier_config: dict[str, Any],
+        aux_layer_ids: list[int],
+        draft_vocab_size: int,
+        dtype: torch.dtype,
+    ) -> tuple[Any, nn.Module]:
+        name = (
+            self.settings.verifier.name_or_path
+        )  # as written: naming it must not convert the embedded verifier
+        config = self._config(verifier_config, aux_layer_ids, draft_vocab_size, 0, "memory plan", name)
+        with torch.device("meta"):
+            draft = PEagleDraftModel(config).to(dtype)
+        # a trained embedding (P-EAGLE's option) moves from the frozen to the trainable bytes
+        draft.embed_tokens.weight.requires_grad_(self.settings.model.embed_requires_grad)
+        return config, ParallelDraft(draft, self.steps, "chunked", self.settings.train.attention_chunk)
+
+    def plan(self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, seed: int) -> Plan:
+        needed = needed_positions(loss_mask)
+        masks = step_masks(
+            loss_mask,
+            batch.document_ids,
+            target_draft_ids(head, batch.last_hidden, needed),
+            self.steps,
+            self.settings.train.mask_out_of_vocab,
+        )
+        chosen = sample_cod(masks.trained, self.settings.train.max_anchors, seed)
+        sampled = StepMasks(masks.valid & chosen, masks.trained & chosen, masks.target_draft_id)
+        return Plan(sampled, needed, {})
+
+
+__all__ = ["COD_FLOOR", "COD_RATE", "ParallelDepths", "ParallelDraft", "cod_depth_size", "sample_cod"]
