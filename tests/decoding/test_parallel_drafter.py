@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import single_thread
 
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, plain_generate
 from speculators.decoding.drafter import Segment
-from speculators.decoding.engine import VerifierRunner, drafter_class
+from speculators.decoding.drafters import drafter_class
+from speculators.decoding.engine import VerifierRunner
 from speculators.decoding.parallel_drafter import ParallelDrafter
 from speculators.format.config import PEagleConfig
 from speculators.models.peagle import PEagleDraftModel
 from speculators.verifier import capture_aux_states
+from tests.support.tiny_models import single_thread
 from train.objectives.parallel_eagle import ParallelDraft
 
 K = 4
@@ -35,9 +36,10 @@ def peagle_draft(verifier, seed: int = 1) -> PEagleDraftModel:
 
 def test_the_unit_picks_the_one_forward_drafter(tiny_llama):
     assert drafter_class(peagle_draft(tiny_llama)) is ParallelDrafter
-    decoder = SpeculativeDecoder(tiny_llama, peagle_draft(tiny_llama), DecodingConfig(method="tree"))
-    with pytest.raises(ValueError, match="one chain per forward"):
-        decoder.generate([[1, 2, 3]])
+    with pytest.raises(ValueError, match="one forward proposes one chain"):  # refused before any prefill
+        SpeculativeDecoder(tiny_llama, peagle_draft(tiny_llama), DecodingConfig(method="tree")).generate(
+            [[1, 2, 3]]
+        )
 
 
 def test_each_round_proposes_what_training_computes_at_its_anchor(tiny_llama, chat_prompts):

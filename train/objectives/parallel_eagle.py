@@ -62,6 +62,8 @@ def sample_cod(trained: torch.Tensor, max_anchors: int, seed: int) -> torch.Tens
     (uniform without replacement). Depth d >= 1: :func:`cod_depth_size` chains drawn uniformly from the depth-(d-1)
     survivors whose depth d has a target (all of them when fewer); sampling stops at the first empty depth.
     Reproducible from ``seed`` (a resumed run samples what it would have), independent of the device."""
+    if trained.is_meta:  # the dry-run memory plan: every element trained (the dense unroll costs the same)
+        return trained
     depths = trained.shape[0]
     selected = torch.zeros_like(trained)
     selected[0] = trained[0]
