@@ -203,7 +203,7 @@ def test_cli_evaluates_a_dflash_draft_over_its_whole_block_by_default(exported_d
     assert "chain-k3" in capsys.readouterr().out
 
 
-def test_block_drafts_refuse_trees_and_chains_longer_than_the_block(exported_dflash, tmp_path):
+def test_block_drafts_refuse_trees_and_chains_longer_than_the_block(exported_dflash, tmp_path, capsys):
     base = [
         "eval",
         str(exported_dflash),
@@ -214,10 +214,10 @@ def test_block_drafts_refuse_trees_and_chains_longer_than_the_block(exported_dfl
         "--output",
         str(tmp_path),
     ]
-    with pytest.raises(ValueError, match="tree drafting is not supported for dflash"):
-        main([*base, "--tree"])
-    with pytest.raises(ValueError, match="at most 3"):
-        main([*base, "--k", "4"])
+    # a user mistake: one `error:` line naming the fix and exit status 1 (no traceback)
+    for extra, message in ((["--tree"], "tree drafting is not supported for dflash"), (["--k", "4"], "at most 3")):
+        assert main([*base, *extra]) == 1
+        assert message in capsys.readouterr().err
 
 
 def test_api_reports_full_acceptance_of_an_agreeing_dflash_draft(tmp_path, tiny_llama, smollm2_tokenizer):
