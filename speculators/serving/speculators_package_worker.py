@@ -75,7 +75,10 @@ def block_forward(model: Any, spec: dict[str, str]) -> None:
     Inputs (a safetensors file): ``hidden_states [1, T, n_aux * H]`` (the verifier's aux states), ``input_ids
     [1, T]``, ``anchors [A]``. The package draws its anchors at random among the loss-masked positions and keeps all
     of them when there are at most ``max_anchors``, so a loss mask set exactly at ``anchors`` makes it use those.
-    Writes ``logits [A, block_size, draft V]`` and ``lm_head`` / ``embed_tokens`` as the package holds them."""
+    Writes ``logits [A, block_size, draft V]`` and ``lm_head`` / ``embed_tokens`` as the package holds them. A DSpark
+    draft's logits include its Markov bias, computed by the package's own head from the token before each slot's
+    target (``sample_from_anchor`` false: the anchor for slots 0 and 1, then the block's data tokens), as its
+    training forward adds it."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -87,7 +90,7 @@ def block_forward(model: Any, spec: dict[str, str]) -> None:
     model = model.float().eval()
     width = model.config.transformer_layer_config.hidden_size
     with torch.no_grad():
-        _, logits, _, _, _ = model._backbone_forward(
+        hidden, logits, _, _, _ = model._backbone_forward(
             hidden.float(),
             ids,
             loss_mask,
@@ -95,9 +98,21 @@ def block_forward(model: Any, spec: dict[str, str]) -> None:
             torch.zeros(1, length, dtype=torch.long),
             max_anchors=int(anchors.numel()),
         )
+    logits = logits.reshape(int(anchors.numel()), model.block_size, -1)
+    markov = getattr(model, "markov_head", None)
+    if markov is not None:
+        slots = torch.arange(model.block_size)
+        prev_positions = (anchors[:, None] + slots[None] - 1).clamp(min=0)
+        prev_positions[:, 0] = anchors  # slot 0 proposes nothing; the package gives it the anchor
+        prev_positions = torch.maximum(prev_positions, anchors[:, None])
+        prev = ids[0, prev_positions]
+        with torch.no_grad():
+            logits = logits + markov.block_bias(
+                prev_token_ids=prev, hidden_states=hidden.view(int(anchors.numel()), model.block_size, -1)
+            )
     save_file(
         {
-            "logits": logits.reshape(int(anchors.numel()), model.block_size, -1).contiguous(),
+            "logits": logits.contiguous(),
             "lm_head": model.lm_head.weight.detach().contiguous(),
             "embed_tokens": model.embed_tokens.weight.detach().contiguous(),
         },

@@ -215,7 +215,10 @@ def test_block_drafts_refuse_trees_and_chains_longer_than_the_block(exported_dfl
         str(tmp_path),
     ]
     # a user mistake: one `error:` line naming the fix and exit status 1 (no traceback)
-    for extra, message in ((["--tree"], "tree drafting is not supported for dflash"), (["--k", "4"], "at most 3")):
+    for extra, message in (
+        (["--tree"], "tree drafting is not supported for dflash"),
+        (["--k", "4"], "at most 3"),
+    ):
         assert main([*base, *extra]) == 1
         assert message in capsys.readouterr().err
 
