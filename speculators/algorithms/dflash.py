@@ -106,12 +106,12 @@ def block_config_warnings(config: dict[str, Any]) -> Iterator[str]:
 
 
 def block_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Every tensor a DFlash checkpoint holds (embed_tokens always: the speculators library needs it)."""
+    """Every tensor a DFlash checkpoint holds (embed_tokens always: the speculators library needs it); its layers
+    are plain Qwen3 layers (H-wide q/k/v, per-head q/k norms)."""
+    from speculators.format.validate import decoder_layer_shapes, vocab_map_shapes
+
     layer = config["transformer_layer_config"]
-    hidden, vocab, heads = layer["hidden_size"], layer["vocab_size"], layer["num_attention_heads"]
-    kv_heads = layer.get("num_key_value_heads", heads)
-    head_dim = layer.get("head_dim") or hidden // heads
-    inter = layer["intermediate_size"]
+    hidden, vocab = layer["hidden_size"], layer["vocab_size"]
     draft_vocab = config.get("draft_vocab_size", vocab)
     n_aux = len(config.get("aux_hidden_state_layer_ids") or [])
     verifier_hidden = config.get("target_hidden_size") or hidden
@@ -123,34 +123,8 @@ def block_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         "lm_head.weight": (draft_vocab, hidden),
     }
     for i in range(layer.get("num_hidden_layers", 1)):
-        p = f"layers.{i}."
-        shapes.update(
-            {
-                p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
-                p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
-                p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
-                p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
-                p + "self_attn.q_norm.weight": (head_dim,),
-                p + "self_attn.k_norm.weight": (head_dim,),
-                p + "input_layernorm.weight": (hidden,),
-                p + "post_attention_layernorm.weight": (hidden,),
-                p + "mlp.gate_proj.weight": (inter, hidden),
-                p + "mlp.up_proj.weight": (inter, hidden),
-                p + "mlp.down_proj.weight": (hidden, inter),
-            }
-        )
-        if layer.get("attention_bias"):
-            for proj, rows in (
-                ("q", heads * head_dim),
-                ("k", kv_heads * head_dim),
-                ("v", kv_heads * head_dim),
-            ):
-                shapes[p + f"self_attn.{proj}_proj.bias"] = (rows,)
-            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
-    if draft_vocab != vocab:
-        shapes["d2t"] = (draft_vocab,)
-        shapes["t2d"] = (vocab,)
-    return shapes
+        shapes.update(decoder_layer_shapes(layer, f"layers.{i}.", hidden, qk_norm=True))
+    return {**shapes, **vocab_map_shapes(draft_vocab, vocab)}
 
 
 def block_weight_warnings(

@@ -398,6 +398,29 @@ def convert_checkpoint(
     config.speculators_config.verifier = VerifierRef(
         name_or_path=str(written_name), architectures=list(verifier_config.get("architectures") or [])
     )
+    config_dict, findings = write_converted(
+        config, tensors, src, out_dir, layout, verifier_ref, verifier_path, verifier_config,
+        speculative_tokens, dtype, model_card,
+    )  # fmt: skip
+    return ConvertResult(out_dir=Path(out_dir), layout=layout, config=config_dict, findings=findings)
+
+
+def write_converted(
+    config: Any,
+    tensors: dict[str, torch.Tensor],
+    src: Path,
+    out_dir: str | Path,
+    layout: str,
+    verifier_ref: str | Path,
+    verifier_path: str,
+    verifier_config: dict[str, Any],
+    speculative_tokens: int | None,
+    dtype: str,
+    model_card: bool,
+) -> tuple[dict[str, Any], list[Finding]]:
+    """What every converter ends with, whatever the draft type: the served k, the dtype, the standard tensors
+    (verifier-owned ones filled), aux layers ascending, the model card, then the validated atomic write."""
+    where = str(src)
     if speculative_tokens is not None:
         methods = config.speculators_config.proposal_methods
         methods[0] = ProposalMethod(**{**methods[0].__dict__, "speculative_tokens": int(speculative_tokens)})
@@ -417,5 +440,4 @@ def convert_checkpoint(
                 source=f"converted from the {layout} layout (`{src}`)",
             )
         )
-    findings = write_validated(out_dir, config_dict, weights, verifier_config, extra)
-    return ConvertResult(out_dir=Path(out_dir), layout=layout, config=config_dict, findings=findings)
+    return config_dict, write_validated(out_dir, config_dict, weights, verifier_config, extra)

@@ -26,9 +26,7 @@ from typing import Any
 
 import torch
 
-from speculators.export.model_card import CardInfo, render_model_card
-from speculators.export.tensors import ascending_aux_layers, standard_tensors, warn
-from speculators.export.writer import write_validated
+from speculators.export.tensors import warn
 from speculators.format.config import (
     LAYER_KEYS_FROM_VERIFIER,
     ProposalMethod,
@@ -37,7 +35,7 @@ from speculators.format.config import (
 )
 from speculators.format.dflash_config import SLIDING, DFlashConfig
 from speculators.format.validate import Finding, algorithm_of
-from speculators.verifier import LM_HEAD_NAMES, VERIFIER_EMBEDDING_NAMES, read_verifier_tensors, resolve_dtype
+from speculators.verifier import LM_HEAD_NAMES, VERIFIER_EMBEDDING_NAMES, read_verifier_tensors
 
 BLOCK_LAYOUTS = ("dflash-zlab",)
 ZLAB_ARCHITECTURES = ("DFlashDraftModel",)
@@ -251,6 +249,7 @@ def convert_block_checkpoint(
     model_card: bool,
 ) -> tuple[dict[str, Any], list[Finding]]:
     """Convert one block-drafter source (already read and detected) into a validated standard directory."""
+    from speculators.export.convert import write_converted
     from speculators.export.exporter import load_verifier_config
 
     where = str(src)
@@ -260,26 +259,11 @@ def convert_block_checkpoint(
         name_or_path=str(verifier_name or verifier_path),
         architectures=list(verifier_config.get("architectures") or []),
     )
-    if speculative_tokens is not None:
-        config.speculators_config.proposal_methods[0].speculative_tokens = int(speculative_tokens)
-    config.torch_dtype = dtype
-    config_dict = config.to_dict()
     named = verifier_owned_tensors(standard_names(tensors, where), config, verifier_path, where)
-    weights = standard_tensors(
-        named, config_dict, resolve_dtype(dtype), verifier_dir=verifier_path, where=where
-    )
-    config_dict, weights = ascending_aux_layers(config_dict, weights, where)
-    extra = {}
-    if model_card:
-        extra["README.md"] = render_model_card(
-            CardInfo(
-                title=Path(out_dir).name,
-                config=config_dict,
-                verifier_ref=str(verifier_ref),
-                source=f"converted from the {layout} layout (`{src}`)",
-            )
-        )
-    return config_dict, write_validated(out_dir, config_dict, weights, verifier_config, extra)
+    return write_converted(
+        config, named, src, out_dir, layout, verifier_ref, verifier_path, verifier_config,
+        speculative_tokens, dtype, model_card,
+    )  # fmt: skip
 
 
 __all__ = [

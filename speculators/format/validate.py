@@ -371,12 +371,6 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every tensor name and shape a checkpoint with this config must hold."""
     layer = config["transformer_layer_config"]
     hidden, vocab = layer["hidden_size"], layer["vocab_size"]
-    heads, kv_heads = (
-        layer["num_attention_heads"],
-        layer.get("num_key_value_heads", layer["num_attention_heads"]),
-    )
-    head_dim = layer.get("head_dim") or hidden // heads
-    inter = layer["intermediate_size"]
     draft_vocab = config.get("draft_vocab_size", vocab)
     n_aux = len(config.get("eagle_aux_hidden_state_layer_ids") or [0, 0, 0])
     verifier_hidden = config.get("target_hidden_size") or hidden
@@ -390,39 +384,49 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes["input_norm.weight"] = (n_aux * verifier_hidden,)
     if config.get("fc_norm"):
         shapes.update({f"fc_norm.{i}.weight": (verifier_hidden,) for i in range(n_aux)})
+    qk_norm = layer.get("model_type") == "qwen3"
     for i in range(layer.get("num_hidden_layers", 1)):
-        width = 2 * hidden if i == 0 else hidden
-        p = f"layers.{i}."
-        shapes.update(
-            {
-                p + "self_attn.q_proj.weight": (heads * head_dim, width),
-                p + "self_attn.k_proj.weight": (kv_heads * head_dim, width),
-                p + "self_attn.v_proj.weight": (kv_heads * head_dim, width),
-                p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
-                p + "input_layernorm.weight": (hidden,),
-                p + "post_attention_layernorm.weight": (hidden,),
-                p + "mlp.gate_proj.weight": (inter, hidden),
-                p + "mlp.up_proj.weight": (inter, hidden),
-                p + "mlp.down_proj.weight": (hidden, inter),
-            }
-        )
+        width = 2 * hidden if i == 0 else hidden  # layer 0 attends over concat(embeds, hidden)
+        shapes.update(decoder_layer_shapes(layer, f"layers.{i}.", width, qk_norm))
         if i == 0:
-            shapes[p + "hidden_norm.weight"] = (hidden,)
-        if layer.get("model_type") == "qwen3":
-            shapes[p + "self_attn.q_norm.weight"] = (head_dim,)
-            shapes[p + "self_attn.k_norm.weight"] = (head_dim,)
-        if layer.get("attention_bias"):
-            for proj, rows in (
-                ("q", heads * head_dim),
-                ("k", kv_heads * head_dim),
-                ("v", kv_heads * head_dim),
-            ):
-                shapes[p + f"self_attn.{proj}_proj.bias"] = (rows,)
-            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
-    if draft_vocab != vocab:
-        shapes["d2t"] = (draft_vocab,)
-        shapes["t2d"] = (vocab,)
+            shapes["layers.0.hidden_norm.weight"] = (hidden,)
+    return {**shapes, **vocab_map_shapes(draft_vocab, vocab)}
+
+
+def decoder_layer_shapes(
+    layer: dict[str, Any], prefix: str, width: int, qk_norm: bool
+) -> dict[str, tuple[int, ...]]:
+    """One draft decoder layer's tensors (every draft type's): q/k/v read ``width`` features, per-head q/k norms
+    when ``qk_norm`` (Qwen3), biases when ``attention_bias``."""
+    hidden, heads = layer["hidden_size"], layer["num_attention_heads"]
+    kv_heads = layer.get("num_key_value_heads", heads)
+    head_dim = layer.get("head_dim") or hidden // heads
+    inter = layer["intermediate_size"]
+    p = prefix
+    shapes: dict[str, tuple[int, ...]] = {
+        p + "self_attn.q_proj.weight": (heads * head_dim, width),
+        p + "self_attn.k_proj.weight": (kv_heads * head_dim, width),
+        p + "self_attn.v_proj.weight": (kv_heads * head_dim, width),
+        p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+        p + "input_layernorm.weight": (hidden,),
+        p + "post_attention_layernorm.weight": (hidden,),
+        p + "mlp.gate_proj.weight": (inter, hidden),
+        p + "mlp.up_proj.weight": (inter, hidden),
+        p + "mlp.down_proj.weight": (hidden, inter),
+    }
+    if qk_norm:
+        shapes[p + "self_attn.q_norm.weight"] = (head_dim,)
+        shapes[p + "self_attn.k_norm.weight"] = (head_dim,)
+    if layer.get("attention_bias"):
+        for proj, rows in (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
+            shapes[p + f"self_attn.{proj}_proj.bias"] = (rows,)
+        shapes[p + "self_attn.o_proj.bias"] = (hidden,)
     return shapes
+
+
+def vocab_map_shapes(draft_vocab: int, vocab: int) -> dict[str, tuple[int, ...]]:
+    """d2t and t2d, written only when the draft vocabulary is reduced."""
+    return {"d2t": (draft_vocab,), "t2d": (vocab,)} if draft_vocab != vocab else {}
 
 
 def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Finding]:

@@ -4,14 +4,12 @@ SIGKILL mid-run resumes to bit-identical weights, its anchor sampling included."
 
 from __future__ import annotations
 
-import subprocess
-import time
 from pathlib import Path
 
 import torch
 
-from tests.train.conftest import accelerate_launch, compose, launch_env, run_launch, tiny_overrides
-from tests.train.test_distributed import STEPS, assert_close_runs, final_weights, kill_tree, losses
+from tests.train.conftest import compose, run_launch, tiny_overrides
+from tests.train.test_distributed import assert_close_runs, final_weights, kill_mid_run, losses
 from train.trainer import train
 
 COMMON = ("train.epochs=3", "train.save_every=1", "logging.log_every=1")
@@ -52,23 +50,7 @@ def test_dspark_sigkill_and_resume_gives_identical_weights(sharp_verifier, tiny_
     run_dir = tmp_path / "run"
     args = block_overrides("tiny_dspark", sharp_verifier, tiny_data, run_dir, *sampled)
     checkpoints = run_dir / "checkpoints"
-    process = subprocess.Popen(
-        accelerate_launch(2, args, tmp_path),
-        cwd=Path(__file__).resolve().parents[2],
-        env=launch_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.time() + 180
-        while time.time() < deadline and process.poll() is None:
-            if (checkpoints / ".step-3.partial").exists() or (checkpoints / "step-3").exists():
-                break
-            time.sleep(0.01)
-    finally:
-        kill_tree(process)
-    assert not (checkpoints / f"step-{STEPS}").exists(), "the run finished before it could be killed"
+    kill_mid_run(args, checkpoints, tmp_path)
     run_launch(2, args, tmp_path)
     expected, resumed = final_weights(reference), final_weights(run_dir)
     assert "markov_head.markov_w2.weight" in resumed

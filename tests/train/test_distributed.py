@@ -109,10 +109,9 @@ def kill_tree(process: subprocess.Popen) -> None:
     process.wait(timeout=30)
 
 
-def test_sigkill_and_resume_gives_identical_weights(zero2_run, sharp_verifier, tiny_data, tmp_path):
-    run_dir = tmp_path / "run"
-    args = tiny_overrides(sharp_verifier, tiny_data, run_dir, *COMMON, "deepspeed=zero2")
-    checkpoints = run_dir / "checkpoints"
+def kill_mid_run(args: list[str], checkpoints: Path, tmp_path: Path) -> None:
+    """Launch a 2-process run and SIGKILL it (every process) while it writes, or has just written, step 3; it must
+    not have finished."""
     process = subprocess.Popen(
         accelerate_launch(2, args, tmp_path),
         cwd=Path(__file__).resolve().parents[2],
@@ -130,6 +129,13 @@ def test_sigkill_and_resume_gives_identical_weights(zero2_run, sharp_verifier, t
     finally:
         kill_tree(process)
     assert not (checkpoints / f"step-{STEPS}").exists(), "the run finished before it could be killed"
+
+
+def test_sigkill_and_resume_gives_identical_weights(zero2_run, sharp_verifier, tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    args = tiny_overrides(sharp_verifier, tiny_data, run_dir, *COMMON, "deepspeed=zero2")
+    checkpoints = run_dir / "checkpoints"
+    kill_mid_run(args, checkpoints, tmp_path)
     run_launch(2, args, tmp_path)  # auto-resume from the newest complete checkpoint
     assert not list(checkpoints.glob(".step-*.partial"))
     reference, resumed = final_weights(zero2_run), final_weights(run_dir)

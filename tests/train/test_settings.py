@@ -44,7 +44,10 @@ def test_every_recipe_builds_its_settings(recipe):
         ("optim.lr=-0.001", "optim.lr=-0.001: must be > 0"),
         ("train.ttt_steps=0", "train.ttt_steps=0: must be at least 1"),
         ("train.attention_backend=flash", "train.attention_backend='flash'"),
-        ("train.algorithm=medusa", "train.algorithm='medusa': use one of dflash, dspark, eagle3, hass, peagle"),
+        (
+            "train.algorithm=medusa",
+            "train.algorithm='medusa': use one of dflash, dspark, eagle3, hass, peagle",
+        ),
         ("train.data_mode=streaming", "train.data_mode='streaming'"),
         ("train.dtype=fp16", "fp16 needs loss scaling"),
         ("train.micro_batch_size=0", "train.micro_batch_size=0"),

@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from train.data import MicroBatch
-from train.losses import StepMasks
+from train.losses import StepMasks, step_masks
 from train.settings import TrainSettings
 from train.step_stats import StepStats
-from train.targets import TargetHead
+from train.targets import TargetHead, needed_positions, target_draft_ids
 
 
 @dataclass
@@ -74,6 +74,18 @@ class Objective:
     ) -> tuple[Any, nn.Module]:
         """The recipe's draft config and wrapped model with meta parameters (the dry-run memory plan's)."""
         raise NotImplementedError
+
+    def step_masks(
+        self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, steps: int
+    ) -> tuple[StepMasks, torch.Tensor]:
+        """Every objective's starting point: the positions whose verifier distribution some step targets
+        (``needed``) and each step's masks against the verifier's argmax there (the shared convention above)."""
+        needed = needed_positions(loss_mask)
+        draft_ids = target_draft_ids(head, batch.last_hidden, needed)
+        masks = step_masks(
+            loss_mask, batch.document_ids, draft_ids, steps, self.settings.train.mask_out_of_vocab
+        )
+        return masks, needed
 
     def plan(self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, seed: int) -> Plan:
         """Masks and sampled positions of one training micro batch (``seed``: this micro batch's own, so a

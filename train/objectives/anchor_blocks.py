@@ -34,10 +34,10 @@ from speculators.models.dspark import DSparkDraftModel
 from speculators.vocab import DraftVocab
 from train.assemble import block_draft_config, build_block_draft
 from train.data import MicroBatch
-from train.losses import StepMasks, StepTerms, soft_cross_entropy, step_masks
+from train.losses import StepMasks, StepTerms, soft_cross_entropy
 from train.objectives import Objective, Plan, register
 from train.step_stats import StepStats
-from train.targets import TargetHead, needed_positions, target_draft_ids
+from train.targets import TargetHead
 
 
 class AnchorBlockDraft(nn.Module):
@@ -83,6 +83,8 @@ class AnchorBlockDraft(nn.Module):
                 seen = seen & (position_ids[row][None, None, :] > block_pos[start:stop, :, None] - window)
             return seen
 
+        seen_by_chunk = [visible(start, stop, row) for start, stop, row in chunks]  # the same for every layer
+
         def attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             # every module runs once per micro batch whatever the anchor count (ZeRO-3 gathers per module call)
             ctx_k, ctx_v = context_kv[layer_idx]
@@ -93,10 +95,10 @@ class AnchorBlockDraft(nn.Module):
                     v[start:stop],
                     ctx_k[row],
                     ctx_v[row],
-                    visible(start, stop, row),
+                    seen,
                     causal,
                 )
-                for start, stop, row in chunks
+                for (start, stop, row), seen in zip(chunks, seen_by_chunk, strict=True)
             ]
             return torch.cat(out) if out else q.new_zeros(q.shape)
 
@@ -268,14 +270,7 @@ class AnchorBlocks(Objective):
 
     # ---- training -------------------------------------------------------------------------------------------
     def plan(self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, seed: int) -> Plan:
-        needed = needed_positions(loss_mask)
-        masks = step_masks(
-            loss_mask,
-            batch.document_ids,
-            target_draft_ids(head, batch.last_hidden, needed),
-            self.steps,
-            self.settings.train.mask_out_of_vocab,
-        )
+        masks, needed = self.step_masks(batch, loss_mask, head, self.steps)
         rows, cols = sample_anchors(masks.valid[0], self.settings.train.max_anchors, seed)
         return Plan(at_anchors(masks, rows, cols), needed, {"rows": rows, "cols": cols})
 
@@ -342,14 +337,7 @@ class AnchorBlocks(Objective):
     ) -> None:
         """Every held-out position that starts a draft anchors a block of ``steps`` draft slots."""
         steps = min(steps, self.steps)
-        needed = needed_positions(batch.loss_mask)
-        masks = step_masks(
-            batch.loss_mask,
-            batch.document_ids,
-            target_draft_ids(head, batch.last_hidden, needed),
-            steps,
-            self.settings.train.mask_out_of_vocab,
-        )
+        masks, needed = self.step_masks(batch, batch.loss_mask, head, steps)
         rows, cols = masks.valid[0].nonzero(as_tuple=True)
         plan = Plan(at_anchors(masks, rows, cols), needed, {"rows": rows, "cols": cols})
         out = self._terms(model, batch, plan, head, steps)

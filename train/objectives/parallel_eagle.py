@@ -39,11 +39,12 @@ from speculators.models.peagle import PEagleDraftModel
 from speculators.verifier import resolve_verifier_path, verifier_embedding
 from train.assemble import build_draft, calibrate_warm_start, draft_mask_token, scale_fc_by_feature_rms
 from train.data import MicroBatch
-from train.losses import StepMasks, shift_left, step_masks
+from train.losses import StepMasks, shift_left
 from train.objectives import Plan, register
 from train.objectives.ttt import TrainingTimeTest
-from train.targets import TargetHead, needed_positions, target_draft_ids
+from train.targets import TargetHead
 from train.ttt_attention import TTTAttention
+from train.unroll import TTTDraft
 
 # COD (speculators 0.9.0, models/peagle/data.py): depth d keeps max(COD_RATE^d, COD_FLOOR) of the seed count
 COD_RATE = 0.7
@@ -87,20 +88,16 @@ def sample_cod(trained: torch.Tensor, max_anchors: int, seed: int) -> torch.Tens
     return selected
 
 
-class ParallelDraft(nn.Module):
-    """Wraps a :class:`PEagleDraftModel` (its parameters are ``draft.*``): one module forward computes every depth
-    at every position (what DDP/DeepSpeed need: one forward per backward) and returns K logits ``[B, L, Vd]``."""
+class ParallelDraft(TTTDraft):
+    """Wraps a :class:`PEagleDraftModel` (its parameters are ``draft.*``) like :class:`TTTDraft` wraps an EAGLE-3
+    draft, with its own unroll: one module forward computes every depth at every position (what DDP/DeepSpeed
+    need: one forward per backward) and returns K logits ``[B, L, Vd]``. No depth feeds the next one (the mask
+    slots read ``mask_hidden``), so there is no context to detach."""
 
     def __init__(
         self, draft: PEagleDraftModel, depths: int, attention_backend: str = "auto", chunk_size: int = 256
     ) -> None:
-        super().__init__()
-        if depths < 1:
-            raise ValueError(f"train.ttt_steps={depths}: P-EAGLE needs at least one depth")
-        self.draft = draft
-        self.steps = depths
-        self.attention_backend = attention_backend
-        self.chunk_size = chunk_size
+        super().__init__(draft, depths, attention_backend=attention_backend, chunk_size=chunk_size)
 
     def forward(
         self,
@@ -197,14 +194,7 @@ class ParallelDepths(TrainingTimeTest):
         return config, ParallelDraft(draft, self.steps, "chunked", self.settings.train.attention_chunk)
 
     def plan(self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, seed: int) -> Plan:
-        needed = needed_positions(loss_mask)
-        masks = step_masks(
-            loss_mask,
-            batch.document_ids,
-            target_draft_ids(head, batch.last_hidden, needed),
-            self.steps,
-            self.settings.train.mask_out_of_vocab,
-        )
+        masks, needed = self.step_masks(batch, loss_mask, head, self.steps)
         chosen = sample_cod(masks.trained, self.settings.train.max_anchors, seed)
         sampled = StepMasks(masks.valid & chosen, masks.trained & chosen, masks.target_draft_id)
         return Plan(sampled, needed, {})

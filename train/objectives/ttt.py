@@ -21,10 +21,10 @@ from train.assemble import (
     scale_fc_by_feature_rms,
 )
 from train.data import MicroBatch
-from train.losses import step_masks, step_terms, step_weights
+from train.losses import step_terms, step_weights
 from train.objectives import Objective, Plan, register
 from train.step_stats import StepStats
-from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
+from train.targets import TargetHead, target_logits
 from train.unroll import TTTDraft
 
 
@@ -81,14 +81,7 @@ class TrainingTimeTest(Objective):
         return config, model
 
     def plan(self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, seed: int) -> Plan:
-        needed = needed_positions(loss_mask)
-        masks = step_masks(
-            loss_mask,
-            batch.document_ids,
-            target_draft_ids(head, batch.last_hidden, needed),
-            self.steps,
-            self.settings.train.mask_out_of_vocab,
-        )
+        masks, needed = self.step_masks(batch, loss_mask, head, self.steps)
         return Plan(masks, needed, {})
 
     def loss(
@@ -115,10 +108,8 @@ class TrainingTimeTest(Objective):
     ) -> None:
         train = self.settings.train
         topk = train.hass.topk if train.topk_weight else 0
-        needed = needed_positions(batch.loss_mask)
+        masks, needed = self.step_masks(batch, batch.loss_mask, head, steps)
         verifier_logits = target_logits(head, batch.last_hidden, needed)
-        draft_ids = target_draft_ids(head, batch.last_hidden, needed)
-        masks = step_masks(batch.loss_mask, batch.document_ids, draft_ids, steps, train.mask_out_of_vocab)
         logits = model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids, steps=steps)
         correct = []
         for j in range(steps):
