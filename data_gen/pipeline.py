@@ -391,8 +391,8 @@ def run_data_gen(
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         check_or_write_identity(out, prepared.identity, write=True)
-        for split in SPLITS:
-            remove_stale_temporaries(out / split)
+        for directory in (out, *(out / split for split in SPLITS)):
+            remove_stale_temporaries(directory)
         heldout_lines = "".join(
             json.dumps(c.to_json(), ensure_ascii=False) + "\n" for c in prepared.splits["heldout"]
         )

@@ -97,13 +97,20 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
 
 
 def remove_stale_temporaries(directory: str | Path) -> int:
-    """Delete temporaries a killed run left behind (``.name.tmp-*``); returns how many."""
+    """Delete temporaries a killed run left behind; returns how many.
+
+    Two kinds: ours (``.name.tmp-*``, see ``speculators.atomic``) and safetensors' own. Since 0.8,
+    ``save_file`` itself writes to ``.tmpXXXXXX`` beside its target and renames, so a SIGKILL during
+    a shard's save leaves that file too, one level below our atomic rename.
+    """
     directory = Path(directory)
     removed = 0
     if directory.is_dir():
-        for path in directory.glob(".*.tmp-*"):
-            path.unlink(missing_ok=True)
-            removed += 1
+        for pattern in (".*.tmp-*", ".tmp*"):
+            for path in directory.glob(pattern):
+                if path.is_file():
+                    path.unlink(missing_ok=True)
+                    removed += 1
     return removed
 
 
