@@ -197,6 +197,8 @@ def grid(title: str, rows: dict[str, dict[str, Any]], ks: list[str], cell: Calla
 
 
 def bullet(label: str, value: Any) -> str:
+    if isinstance(value, float):
+        value = round(value, 4)
     return f"- {label}: {value}"
 
 
