@@ -91,6 +91,14 @@ class FeatureSource:
     def close(self) -> None:
         """Drop what holds device memory (the online verifier)."""
 
+    def begin(self, plan: Any, first_step: int, total_steps: int) -> None:
+        """Called once the run's batch plan and resume step are known, before its loader starts (streamed
+        sources publish the plan to their producers; the others need nothing)."""
+
+    def _probe_set(self) -> Dataset:
+        """The samples feature statistics are measured on (:meth:`feature_rms`, :meth:`residual_rms`)."""
+        return self.train_set
+
     def _limit(self, max_samples: int | None) -> None:
         """The first N training samples only (data-scaling curves); the token counts still cover the split."""
         if max_samples is not None and max_samples < len(self.train_set):
@@ -109,11 +117,12 @@ class FeatureSource:
         """Aux features ``[N, F]`` and last states ``[N, H]`` at the real positions of the first training samples,
         without noise (the same on every rank). Collated ``micro_batch_size`` samples at a time, as training
         batches are: a fixed-width layout (compiled flex) refuses a batch of more rows than that."""
-        count = min(samples, len(self.train_set))
+        probe = self._probe_set()
+        count = min(samples, len(probe))
         group = self.settings.train.micro_batch_size
         aux, last = [], []
         for start in range(0, count, group):
-            items = [dict(self.train_set[i], noise_seed=0) for i in range(start, min(start + group, count))]
+            items = [dict(probe[i], noise_seed=0) for i in range(start, min(start + group, count))]
             batch = self.batch(self.collate(items))
             real = batch.document_ids >= 0
             aux.append(batch.aux_hidden[real].float())
@@ -245,7 +254,11 @@ def open_features(
     settings: TrainSettings, accelerator, layout: RowLayout, verifier_config: dict[str, Any]
 ) -> FeatureSource:
     """The run's feature source: the one place ``train.data_mode`` is read."""
-    source = {"offline": OfflineFeatures, "online": OnlineFeatures}[settings.train.data_mode]
+    mode = settings.train.data_mode
+    if mode in ("stream", "cache-first-epoch"):
+        from train.streaming import StreamFeatures as source
+    else:
+        source = {"offline": OfflineFeatures, "online": OnlineFeatures}[mode]
     return source(settings, accelerator, layout, verifier_config)
 
 
