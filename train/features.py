@@ -1,5 +1,5 @@
-"""Where a run's verifier features come from: two implementations of one :class:`FeatureSource`, chosen once by
-``train.data_mode`` (:func:`open_features`), so the trainer holds no offline/online branch.
+"""Where a run's verifier features come from: implementations of one :class:`FeatureSource`, chosen once by
+``train.data_mode`` (:func:`open_features`), so the trainer holds no offline/online/streamed branch.
 
 * :class:`OfflineFeatures`: shards written by data_gen (:class:`data_gen.store.FeatureDataset`), read in their
   storage dtype (bf16/fp8) and packed by the DataLoader workers; the features are finished (dequantised, noised)
@@ -7,6 +7,8 @@
 * :class:`OnlineFeatures`: the recipe's conversations, tokenised and masked exactly as data_gen does
   (:class:`TokenDataset`, token ids + loss masks only); the loaded verifier captures the features of each micro
   group on the device (padded, unpacked), which are then packed. The target head is the loaded verifier's own.
+* :class:`train.streaming.StreamFeatures` (``stream``, ``cache-first-epoch``): capture producers write the
+  features into a bounded spool while the trainer reads them in the plan's order (docs/streaming.md).
 
 Each source owns its datasets (``train.max_samples`` applied), the token counts the draft vocabulary is built
 from, the collate function its DataLoader workers run (small and picklable: the verifier never crosses into a

@@ -173,6 +173,7 @@ class StreamFeatures(FeatureSource):
 
         from data_gen.capture import resolve_aux_layer_ids
         from speculators.verifier import resolve_verifier_path
+        from speculators.vocab import tokenizer_fingerprint
 
         super().__init__(settings, accelerator, layout)
         regenerate = (settings.resolved.get("data_gen") or {}).get("regenerate") or {}
@@ -192,7 +193,7 @@ class StreamFeatures(FeatureSource):
         train = train[: settings.train.max_samples] if settings.train.max_samples else train
         limit = settings.eval.max_samples
         heldout = heldout[:limit] if limit else heldout
-        self.provenance = {"source": settings.train.data_mode}
+        self.provenance = {"source": settings.train.data_mode, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}
         self.aux_layer_ids = resolve_aux_layer_ids(
             settings.verifier.aux_layer_ids, int(verifier_config["num_hidden_layers"])
         )
@@ -229,9 +230,11 @@ class StreamFeatures(FeatureSource):
             log.warning("spool %s held another run's items: emptied", self.spool.root)
             for name in self.spool.ready_items():
                 self.spool.remove_item(name)
-            for path in (*self.spool.claims.glob("*.json"), *self.spool.cursors.glob("*.json")):
+            for path in self.spool.claims.glob("*.json"):
                 path.unlink(missing_ok=True)
             (self.spool.root / "plan.json").unlink(missing_ok=True)
+        for path in self.spool.cursors.glob("*.json"):  # set again by begin(): until then, held-out only
+            path.unlink(missing_ok=True)
         self.spool.finished.unlink(missing_ok=True)
         self.spool.write_json("run.json", run)
         self._layout = {

@@ -120,7 +120,6 @@ def test_stream_trains_the_offline_samples_within_the_spool_bound(offline_run, t
         train(cfg, tmp_path / "run")
     assert_same_weights(offline_run / "run", tmp_path / "run")  # the same samples, epoch by epoch
     assert watch.samples > 100 and 0 < watch.peak <= BUDGET_GB * 1e9, (watch.peak, watch.samples)
-    assert "waiting: spool full" in producer_logs(spool)  # back-pressure did stop the producers
     assert Spool(spool).ready_items() == ["heldout"]  # every train item consumed and deleted
     assert (spool / "finished").exists()
 
@@ -146,6 +145,7 @@ def trainer_command(args: list[str]) -> list[str]:
     return [sys.executable, str(REPO / "train" / "run.py"), *args]
 
 
+@pytest.mark.slow  # two trainer processes (each ~10 s to start) and their producers
 def test_sigkilled_stream_trainer_resumes_exactly(offline_run, tiny_llama_dir, source, tmp_path):
     """A real SIGKILL of the training process mid-epoch: its producers notice and exit, and the rerun resumes
     from the last checkpoint to the weights of the uninterrupted offline run (no sample lost or repeated)."""
@@ -186,9 +186,11 @@ def running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # three producer processes, a deliberately slow consumer
 def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path, caplog):
     """Two local producers, one SIGKILLed while it holds a claim: the claim is re-queued (logged), the pool
-    restarts it (logged), and a slow consumer still reads every sample of both epochs once, in plan order."""
+    restarts it (logged), and a slow consumer still reads every sample of both epochs once, in plan order, while
+    the producers wait on the full spool (back-pressure) and its bytes stay within the budget."""
     from accelerate import Accelerator
 
     from speculators.verifier import verifier_config_dict
@@ -208,6 +210,7 @@ def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path
     total = 2 * plan.steps_per_epoch
     features.begin(plan, 0, total)
     spool, seen, victim = features.spool, {0: [], 1: []}, None
+    watch = SpoolWatch(spool.root).__enter__()
     try:
         for step in range(total):
             epoch, in_epoch = divmod(step, plan.steps_per_epoch)
@@ -220,6 +223,7 @@ def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path
         restarts = features.pool.restarts
     finally:
         features.close()
+        watch.__exit__()
     ids = features.train_set.ids
     for epoch, got in seen.items():
         expected = [ids[i] for i in plan.order(epoch)[: plan.steps_per_epoch * plan.global_batch].tolist()]
@@ -228,6 +232,8 @@ def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path
     messages = caplog.text + producer_logs(spool.root)
     assert f"capture producer {victim}" in messages and "re-queued" in messages, messages[-3000:]
     assert "restarting it (restart 1 of 2)" in caplog.text
+    assert "waiting: spool full" in producer_logs(spool.root)  # the slow consumer held the producers back
+    assert 0 < watch.peak <= BUDGET_GB * 1e9, watch.peak
 
 
 def kill_a_claiming_producer(spool: Spool, ours: list[int], timeout: float = 60) -> str | None:
@@ -256,3 +262,44 @@ def test_no_live_producer_is_a_clear_error(tmp_path):
     with pytest.raises(ProducerStarvation, match=r"no capture producer has sent a heartbeat for 1 s.*data_gen.produce"):
         wait_for_item(spool, "e0000-c00000-r000", producer_timeout_s=1.0)
     assert time.monotonic() - started < 10
+
+
+def item_plan(mode: str, chunk_steps: int):
+    from data_gen.spool import ItemPlan
+
+    raw = {"num_samples": 37, "micro_batch_size": 2, "grad_accum": 2, "world_size": 2, "seed": 3, "shuffle": True}
+    return ItemPlan({**raw, "total_steps": 12, "chunk_steps": chunk_steps, "mode": mode})  # 4 steps/epoch
+
+
+@pytest.mark.parametrize("chunk_steps", [1, 3, 8])
+def test_items_hold_every_rank_s_micro_groups_of_each_epoch_once(chunk_steps):
+    """Several ranks and gradient accumulation (no multi-process run needed): each rank's items of an epoch are its
+    micro groups in consumption order, and the ranks' items together hold the epoch's trained samples once."""
+    plan = item_plan("stream", chunk_steps)
+    batches = plan.batches
+    for epoch in range(3):
+        items = [item for item in plan.train_items() if item.epoch == epoch]
+        for rank in range(2):
+            held = [i for item in items if item.rank == rank for i in plan.indices(item)]
+            expected = [
+                i
+                for step in range(plan.per_epoch)
+                for accum in range(2)
+                for i in batches.micro_indices(epoch, step, accum, rank)
+            ]
+            assert held == expected
+        every = sorted(i for item in items for i in plan.indices(item))
+        assert every == sorted(batches.order(epoch)[: plan.per_epoch * batches.global_batch].tolist())
+        for step in range(plan.per_epoch):
+            item = plan.item_of(epoch, step, 1)
+            assert item.chunk == plan.chunk_of_step(epoch * plan.per_epoch + step)
+            assert plan.parse(item.name) == item
+
+
+def test_cache_first_epoch_streams_epoch_zero_and_the_tail_only():
+    plan = item_plan("cache-first-epoch", 1)
+    assert {item.epoch for item in plan.train_items()} == {0} and plan.needs_tail()
+    from data_gen.spool import TAIL, Item
+
+    cached = [i for item in plan.train_items() for i in plan.indices(item)] + plan.indices(Item(TAIL))
+    assert sorted(cached) == list(range(37))  # 37 = 4 steps x 8 + a tail of 5
