@@ -125,7 +125,9 @@ def machine() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--trainer-threads", type=int, default=1)
@@ -161,11 +163,15 @@ def main() -> None:
             "stream_over_offline": round(ratio, 3),
             "goal": 0.9,
             "meets_goal": ratio >= 0.9,
-            "contended": bool(offline["machine_load"].get("contended") or stream["machine_load"].get("contended")),
+            "contended": bool(
+                offline["machine_load"].get("contended") or stream["machine_load"].get("contended")
+            ),
         }
     )
     results["machine"]["load_average_at_end"] = os.getloadavg()
-    atomic_write_json(Path(args.output), results)  # no local paths: the work dir was temporary and is not named
+    atomic_write_json(
+        Path(args.output), results
+    )  # no local paths: the work dir was temporary and is not named
     print(json.dumps(results, indent=2))
 
 

@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from data_gen.spool import HELDOUT, TAIL, Item, ItemPlan, Spool, item_bytes_bound, sample_digest
@@ -43,7 +42,13 @@ class Producer:
     """Loads the verifier once, then captures items until the trainer is finished (see the module docstring)."""
 
     def __init__(self, spool: Spool, name: str, device: str, parent_pid: int | None, poll_s: float = 0.05):
-        self.spool, self.name, self.device, self.parent_pid, self.poll_s = spool, name, device, parent_pid, poll_s
+        self.spool, self.name, self.device, self.parent_pid, self.poll_s = (
+            spool,
+            name,
+            device,
+            parent_pid,
+            poll_s,
+        )
         self.doing = "starting"
         self._plan_raw: dict[str, Any] | None = None
         self._stop = threading.Event()
@@ -65,7 +70,9 @@ class Producer:
         config = run["recipe"]
         data, gen = DataSettings.from_mapping(config["data"]), GenSettings.from_mapping(config["data_gen"])
         self.gen, self.timeout_s = gen, float(run["producer_timeout_s"])
-        side = load_verifier_side(dict(config["verifier"]), data, torch.device(self.device), park_on_cpu=False)
+        side = load_verifier_side(
+            dict(config["verifier"]), data, torch.device(self.device), park_on_cpu=False
+        )
         self.capture = side.capture
         tokenizer = side.tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else side.masker.eot_id
@@ -76,7 +83,9 @@ class Producer:
                 f"{self.spool.root / 'run.json'}: this producer encodes other training samples than the trainer "
                 "(the sample digest differs): run it with the same code, data source and tokenizer as the trainer"
             )
-        header = shard_header(side, str(config["verifier"]["name_or_path"]), run_identity(side, data, gen), data, {})
+        header = shard_header(
+            side, str(config["verifier"]["name_or_path"]), run_identity(side, data, gen), data, {}
+        )
         self.header = header
         self.layout = {
             "num_aux": len(side.aux_layer_ids),
@@ -110,7 +119,9 @@ class Producer:
             raise SystemExit(0)
         run = self.spool.read_json("run.json")
         if hasattr(self, "run") and run is not None and run.get("run_id") != self.run.get("run_id"):
-            log.info("producer %s: the spool now serves another run; exiting (restart to serve it)", self.name)
+            log.info(
+                "producer %s: the spool now serves another run; exiting (restart to serve it)", self.name
+            )
             raise SystemExit(0)
 
     def _heartbeats(self) -> None:
@@ -225,7 +236,9 @@ class Producer:
         finally:
             self.spool.release_claim(name)
         tokens = sum(len(s.input_ids) for s in encoded)
-        log.info("producer %s: %s captured, %d tokens in %.1f s", self.name, name, tokens, time.time() - started)
+        log.info(
+            "producer %s: %s captured, %d tokens in %.1f s", self.name, name, tokens, time.time() - started
+        )
 
 
 def default_device() -> str:

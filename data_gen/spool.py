@@ -47,7 +47,9 @@ log = logging.getLogger("data_gen.spool")
 HELDOUT = "heldout"
 TAIL = "tail"
 LOCK_STALE_S = 30.0  # a claim lock older than this belongs to a dead producer
-SHARD_SLACK_BYTES = 64 * 1024  # safetensors header, record and manifest of one item, beyond the per-sample part
+SHARD_SLACK_BYTES = (
+    64 * 1024
+)  # safetensors header, record and manifest of one item, beyond the per-sample part
 SAMPLE_SLACK_BYTES = 512  # per sample: its id in the header, record and manifest, its offset
 
 
@@ -178,9 +180,17 @@ class Spool:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self.ready, self.partial, self.claims = self.root / "ready", self.root / "partial", self.root / "claims"
+        self.ready, self.partial, self.claims = (
+            self.root / "ready",
+            self.root / "partial",
+            self.root / "claims",
+        )
         self.producers, self.cursors = self.root / "producers", self.root / "cursors"
-        self.lock, self.finished, self.trash = self.root / ".lock", self.root / "finished", self.root / "trash"
+        self.lock, self.finished, self.trash = (
+            self.root / ".lock",
+            self.root / "finished",
+            self.root / "trash",
+        )
 
     def create(self) -> None:
         for path in (self.ready, self.partial, self.claims, self.producers, self.cursors, self.trash):
@@ -302,7 +312,9 @@ class Spool:
             if age is not None and age <= timeout_s:
                 continue
             for partial in self.partial.glob(f"{path.stem}.{claim['producer']}*"):
-                shutil.rmtree(partial, ignore_errors=True)  # first: its bytes stay reserved until they are gone
+                shutil.rmtree(
+                    partial, ignore_errors=True
+                )  # first: its bytes stay reserved until they are gone
             try:
                 path.unlink()
             except FileNotFoundError:  # someone else re-queued it first

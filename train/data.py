@@ -295,7 +295,9 @@ class MicroBatchStream(Dataset):
         indices = self.plan.micro_indices(epoch, step_in_epoch, item % self.plan.grad_accum, self.rank)
         samples = read_samples(self.source, epoch, indices)
         seeds = [noise_seed(self.plan.seed, epoch, i) for i in indices]
-        return self.collate([dict(sample, noise_seed=seed) for sample, seed in zip(samples, seeds, strict=True)])
+        return self.collate(
+            [dict(sample, noise_seed=seed) for sample, seed in zip(samples, seeds, strict=True)]
+        )
 
 
 def read_samples(source: Dataset, epoch: int, indices: list[int]) -> list[dict[str, Any]]:

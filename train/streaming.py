@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +118,9 @@ class SpoolSamples(Dataset):
     def _cached(self, index: int) -> dict[str, Any]:
         """Epochs >= 1 of cache-first-epoch: the cached items of every rank, plus the tail, indexed by id."""
         if self._cache is None:
-            names = [item.name for item in self.plan.train_items()] + ([TAIL] if self.plan.needs_tail() else [])
+            names = [item.name for item in self.plan.train_items()] + (
+                [TAIL] if self.plan.needs_tail() else []
+            )
             where: dict[str, tuple[str, int]] = {}
             for name in names:
                 path = wait_for_item(self.spool, name, self.timeout_s, what=f"cached item {name}")
@@ -193,7 +194,10 @@ class StreamFeatures(FeatureSource):
         train = train[: settings.train.max_samples] if settings.train.max_samples else train
         limit = settings.eval.max_samples
         heldout = heldout[:limit] if limit else heldout
-        self.provenance = {"source": settings.train.data_mode, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}
+        self.provenance = {
+            "source": settings.train.data_mode,
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        }
         self.aux_layer_ids = resolve_aux_layer_ids(
             settings.verifier.aux_layer_ids, int(verifier_config["num_hidden_layers"])
         )
@@ -376,14 +380,21 @@ class ProducerPool:
                 if self.restarts >= self.stream.max_restarts:
                     log.error(
                         "capture producer %s exited with code %s and train.stream.max_restarts=%d is spent; log: %s",
-                        name, process.returncode, self.stream.max_restarts, self.logs / f"{name}.log",
+                        name,
+                        process.returncode,
+                        self.stream.max_restarts,
+                        self.logs / f"{name}.log",
                     )
                     self.slots[slot] = None
                     continue
                 self.restarts += 1
                 log.warning(
                     "capture producer %s (pid %d) exited with code %s; restarting it (restart %d of %d); log: %s",
-                    name, process.pid, process.returncode, self.restarts, self.stream.max_restarts,
+                    name,
+                    process.pid,
+                    process.returncode,
+                    self.restarts,
+                    self.stream.max_restarts,
                     self.logs / f"{name}.log",
                 )
                 print(f"capture producer {name} died (exit {process.returncode}): restarted", flush=True)

@@ -113,7 +113,9 @@ def producer_logs(spool: Path) -> str:
     return "".join(p.read_text() for p in sorted((spool / "logs").glob("*.log")))
 
 
-def test_stream_trains_the_offline_samples_within_the_spool_bound(offline_run, tiny_llama_dir, source, tmp_path):
+def test_stream_trains_the_offline_samples_within_the_spool_bound(
+    offline_run, tiny_llama_dir, source, tmp_path
+):
     cfg = compose(overrides(tiny_llama_dir, source, tmp_path, "train.data_mode=stream"))
     spool = tmp_path / "run" / "spool"
     with SpoolWatch(spool) as watch:
@@ -172,7 +174,9 @@ def test_sigkilled_stream_trainer_resumes_exactly(offline_run, tiny_llama_dir, s
     while time.time() < deadline and any(map(running, producers)):
         time.sleep(0.1)
     assert not any(map(running, producers))
-    resumed = subprocess.run(trainer_command(args), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        trainer_command(args), cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout + resumed.stderr
     assert_same_weights(offline_run / "run", tmp_path / "run")
@@ -259,7 +263,9 @@ def test_no_live_producer_is_a_clear_error(tmp_path):
     spool = Spool(tmp_path / "spool")
     spool.create()
     started = time.monotonic()
-    with pytest.raises(ProducerStarvation, match=r"no capture producer has sent a heartbeat for 1 s.*data_gen.produce"):
+    with pytest.raises(
+        ProducerStarvation, match=r"no capture producer has sent a heartbeat for 1 s.*data_gen.produce"
+    ):
         wait_for_item(spool, "e0000-c00000-r000", producer_timeout_s=1.0)
     assert time.monotonic() - started < 10
 
@@ -267,7 +273,14 @@ def test_no_live_producer_is_a_clear_error(tmp_path):
 def item_plan(mode: str, chunk_steps: int):
     from data_gen.spool import ItemPlan
 
-    raw = {"num_samples": 37, "micro_batch_size": 2, "grad_accum": 2, "world_size": 2, "seed": 3, "shuffle": True}
+    raw = {
+        "num_samples": 37,
+        "micro_batch_size": 2,
+        "grad_accum": 2,
+        "world_size": 2,
+        "seed": 3,
+        "shuffle": True,
+    }
     return ItemPlan({**raw, "total_steps": 12, "chunk_steps": chunk_steps, "mode": mode})  # 4 steps/epoch
 
 
