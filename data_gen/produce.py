@@ -159,8 +159,10 @@ class Producer:
         if not self.spool.acquire_lock():
             return None
         try:
-            jobs = self._jobs()
+            # the done set BEFORE the cursors: a trainer moves its cursor on before it deletes a consumed item, so an
+            # item missing here was either never made or is behind a cursor read below
             done, claimed = self.spool.finished_items(), self.spool.claimed_items()
+            jobs = self._jobs()
             for job in jobs:
                 if job.item.name in done or job.item.name in claimed:
                     continue
