@@ -258,13 +258,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    spool = Spool(args.spool)
+    spool.create()
+    name = args.id or f"{socket.gethostname()}-{os.getpid()}"
+    spool.heartbeat(name, "starting")  # alive before the slow imports (torch, transformers)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    spool = Spool(args.spool)
-    spool.create()
-    name = args.id or f"{socket.gethostname()}-{os.getpid()}"
     device = default_device() if args.device == "auto" else args.device
     Producer(spool, name, device, args.parent_pid).run_forever()
 

@@ -365,6 +365,7 @@ class ProducerPool:
         if self.stream.producer_threads:
             command += ["--threads", str(self.stream.producer_threads)]
             env["OMP_NUM_THREADS"] = str(self.stream.producer_threads)
+        self.spool.heartbeat(name, "spawned")  # counts as alive while the interpreter starts
         with (self.logs / f"{name}.log").open("w") as out:
             process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         self.slots[slot] = (name, process)

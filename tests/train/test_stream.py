@@ -31,7 +31,10 @@ from train.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 CONVERSATIONS = 16
-BUDGET_GB = 0.0006  # the held-out item plus about two train items: producers must wait for the trainer
+BUDGET_GB = 0.0006  # the held-out item plus a few train items
+SMALL_BUDGET_GB = (
+    0.0004  # the held-out item plus one or two train items: producers must wait for the consumer
+)
 
 
 def overrides(verifier: Path, source: Path, root: Path, *extra: str) -> list[str]:
@@ -49,7 +52,7 @@ def overrides(verifier: Path, source: Path, root: Path, *extra: str) -> list[str
         f"run_dir={root / 'run'}",
         "logging=disabled",
         "train.epochs=2",
-        "train.save_every=2",
+        "train.save_every=4",
         "train.mask_out_of_vocab=false",  # the random verifier's argmax is rarely among the 256 draft tokens
         "train.stream.chunk_steps=1",
         "train.stream.producer_threads=1",
@@ -149,7 +152,7 @@ def trainer_command(args: list[str]) -> list[str]:
 
 
 @pytest.mark.slow  # two trainer processes (each ~10 s to start) and their producers
-def test_sigkilled_stream_trainer_resumes_exactly(offline_run, tiny_llama_dir, source, tmp_path):
+def test_sigkilled_stream_trainer_resumes_exactly(offline_run, tiny_llama_dir, source, tmp_path, capsys):
     """A real SIGKILL of the training process mid-epoch: its producers notice and exit, and the rerun resumes
     from the last checkpoint to the weights of the uninterrupted offline run (no sample lost or repeated)."""
     args = overrides(tiny_llama_dir, source, tmp_path, "train.data_mode=stream")
@@ -175,11 +178,8 @@ def test_sigkilled_stream_trainer_resumes_exactly(offline_run, tiny_llama_dir, s
     while time.time() < deadline and any(map(running, producers)):
         time.sleep(0.1)
     assert not any(map(running, producers))
-    resumed = subprocess.run(
-        trainer_command(args), cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout + resumed.stderr
+    train(compose(args), tmp_path / "run")  # the rerun (in this process: one interpreter start less)
+    assert "resumed from" in capsys.readouterr().out
     assert_same_weights(offline_run / "run", tmp_path / "run")
     assert spool.ready_items() == ["heldout"]
 
@@ -194,7 +194,7 @@ def running(pid: int) -> bool:
 @pytest.mark.slow  # three producer processes, a deliberately slow consumer
 def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path, caplog):
     """Two local producers, one SIGKILLed while it holds a claim: the claim is re-queued (logged), the pool
-    restarts it (logged), and a slow consumer still reads every sample of both epochs once, in plan order, while
+    restarts it (logged), and a slow consumer still reads every sample of the epoch once, in plan order, while
     the producers wait on the full spool (back-pressure) and its bytes stay within the budget."""
     from accelerate import Accelerator
 
@@ -206,15 +206,16 @@ def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path
 
     caplog.set_level(logging.INFO)
     extra = ("train.data_mode=stream", "train.stream.local_producers=2", "train.stream.max_restarts=2")
+    extra += (f"train.stream.max_spool_gb={SMALL_BUDGET_GB}",)
     settings = TrainSettings.from_config(compose(overrides(tiny_llama_dir, source, tmp_path, *extra)))
     accelerator = Accelerator(cpu=True)
     layout = RowLayout.of(settings.train, accelerator.device)
     features = StreamFeatures(settings, accelerator, layout, verifier_config_dict(str(tiny_llama_dir)))
     loop = settings.train
     plan = BatchPlan(len(features.train_set), loop.micro_batch_size, loop.grad_accum, 1, settings.seed)
-    total = 2 * plan.steps_per_epoch
+    total = plan.steps_per_epoch
     features.begin(plan, 0, total)
-    spool, seen, victim = features.spool, {0: [], 1: []}, None
+    spool, seen, victim = features.spool, {0: []}, None
     watch = SpoolWatch(spool.root).__enter__()
     try:
         for step in range(total):
@@ -224,7 +225,7 @@ def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path
             features.batch(features.collate(samples))
             if victim is None and step >= 1:
                 victim = kill_a_claiming_producer(spool, features.pool.pids())
-            time.sleep(0.15)  # a slow consumer: the producers fill the spool and wait
+            time.sleep(0.3)  # a slow consumer: the producers fill the spool and wait
         restarts = features.pool.restarts
     finally:
         features.close()
@@ -238,7 +239,7 @@ def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path
     assert f"capture producer {victim}" in messages and "re-queued" in messages, messages[-3000:]
     assert "restarting it (restart 1 of 2)" in caplog.text
     assert "waiting: spool full" in producer_logs(spool.root)  # the slow consumer held the producers back
-    assert 0 < watch.peak <= BUDGET_GB * 1e9, watch.peak
+    assert 0 < watch.peak <= SMALL_BUDGET_GB * 1e9, watch.peak
 
 
 def kill_a_claiming_producer(spool: Spool, ours: list[int], timeout: float = 60) -> str | None:
