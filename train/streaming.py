@@ -321,7 +321,9 @@ class StreamFeatures(FeatureSource):
 
     def _acknowledge(self, name: str, chunk: int) -> None:
         """The rank has read an item whole: drop it (or keep epoch 0's in the cache) and move the cursor on."""
-        self.spool.set_cursor(self.rank, chunk + 1)  # first: producers must not take the item for a missing one
+        self.spool.set_cursor(
+            self.rank, chunk + 1
+        )  # first: producers must not take the item for a missing one
         if self.train_set.plan.cache_first_epoch and name.startswith("e0000-"):
             self.spool.move_to_cache(name)
         else:
