@@ -293,8 +293,18 @@ class MicroBatchStream(Dataset):
         step = self.first_step + item // self.plan.grad_accum
         epoch, step_in_epoch = divmod(step, self.plan.steps_per_epoch)
         indices = self.plan.micro_indices(epoch, step_in_epoch, item % self.plan.grad_accum, self.rank)
-        samples = [dict(self.source[i], noise_seed=noise_seed(self.plan.seed, epoch, i)) for i in indices]
-        return self.collate(samples)
+        samples = read_samples(self.source, epoch, indices)
+        seeds = [noise_seed(self.plan.seed, epoch, i) for i in indices]
+        return self.collate(
+            [dict(sample, noise_seed=seed) for sample, seed in zip(samples, seeds, strict=True)]
+        )
+
+
+def read_samples(source: Dataset, epoch: int, indices: list[int]) -> list[dict[str, Any]]:
+    """The samples ``indices`` of ``epoch``: by index from a dataset, or through its ``epoch_samples`` when its
+    features depend on the epoch (streamed features are captured per epoch, train.streaming.SpoolSamples)."""
+    by_epoch = getattr(source, "epoch_samples", None)
+    return by_epoch(epoch, indices) if by_epoch is not None else [source[i] for i in indices]
 
 
 def run_loader(

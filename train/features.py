@@ -1,5 +1,5 @@
-"""Where a run's verifier features come from: two implementations of one :class:`FeatureSource`, chosen once by
-``train.data_mode`` (:func:`open_features`), so the trainer holds no offline/online branch.
+"""Where a run's verifier features come from: implementations of one :class:`FeatureSource`, chosen once by
+``train.data_mode`` (:func:`open_features`), so the trainer holds no offline/online/streamed branch.
 
 * :class:`OfflineFeatures`: shards written by data_gen (:class:`data_gen.store.FeatureDataset`), read in their
   storage dtype (bf16/fp8) and packed by the DataLoader workers; the features are finished (dequantised, noised)
@@ -7,6 +7,8 @@
 * :class:`OnlineFeatures`: the recipe's conversations, tokenised and masked exactly as data_gen does
   (:class:`TokenDataset`, token ids + loss masks only); the loaded verifier captures the features of each micro
   group on the device (padded, unpacked), which are then packed. The target head is the loaded verifier's own.
+* :class:`train.streaming.StreamFeatures` (``stream``, ``cache-first-epoch``): capture producers write the
+  features into a bounded spool while the trainer reads them in the plan's order (docs/streaming.md).
 
 Each source owns its datasets (``train.max_samples`` applied), the token counts the draft vocabulary is built
 from, the collate function its DataLoader workers run (small and picklable: the verifier never crosses into a
@@ -91,6 +93,14 @@ class FeatureSource:
     def close(self) -> None:
         """Drop what holds device memory (the online verifier)."""
 
+    def begin(self, plan: Any, first_step: int, total_steps: int) -> None:
+        """Called once the run's batch plan and resume step are known, before its loader starts (streamed
+        sources publish the plan to their producers; the others need nothing)."""
+
+    def _probe_set(self) -> Dataset:
+        """The samples feature statistics are measured on (:meth:`feature_rms`, :meth:`residual_rms`)."""
+        return self.train_set
+
     def _limit(self, max_samples: int | None) -> None:
         """The first N training samples only (data-scaling curves); the token counts still cover the split."""
         if max_samples is not None and max_samples < len(self.train_set):
@@ -109,11 +119,12 @@ class FeatureSource:
         """Aux features ``[N, F]`` and last states ``[N, H]`` at the real positions of the first training samples,
         without noise (the same on every rank). Collated ``micro_batch_size`` samples at a time, as training
         batches are: a fixed-width layout (compiled flex) refuses a batch of more rows than that."""
-        count = min(samples, len(self.train_set))
+        probe = self._probe_set()
+        count = min(samples, len(probe))
         group = self.settings.train.micro_batch_size
         aux, last = [], []
         for start in range(0, count, group):
-            items = [dict(self.train_set[i], noise_seed=0) for i in range(start, min(start + group, count))]
+            items = [dict(probe[i], noise_seed=0) for i in range(start, min(start + group, count))]
             batch = self.batch(self.collate(items))
             real = batch.document_ids >= 0
             aux.append(batch.aux_hidden[real].float())
@@ -245,7 +256,11 @@ def open_features(
     settings: TrainSettings, accelerator, layout: RowLayout, verifier_config: dict[str, Any]
 ) -> FeatureSource:
     """The run's feature source: the one place ``train.data_mode`` is read."""
-    source = {"offline": OfflineFeatures, "online": OnlineFeatures}[settings.train.data_mode]
+    mode = settings.train.data_mode
+    if mode in ("stream", "cache-first-epoch"):
+        from train.streaming import StreamFeatures as source
+    else:
+        source = {"offline": OfflineFeatures, "online": OnlineFeatures}[mode]
     return source(settings, accelerator, layout, verifier_config)
 
 

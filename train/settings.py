@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 POSITION_WEIGHTINGS = ("exp_decay", "dpace")
-DATA_MODES = ("offline", "online")
+DATA_MODES = ("offline", "online", "stream", "cache-first-epoch")  # train.features.open_features
 ATTENTION_BACKENDS = ("auto", "chunked", "flex", "dense")  # train.ttt_attention.BACKENDS (a test compares)
 TRAIN_DTYPES = ("auto", "bf16", "bfloat16", "fp32", "float32")
 VERIFIER_DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
@@ -105,6 +105,31 @@ class HassSettings:
 
 
 @dataclass(frozen=True)
+class StreamSettings:
+    """``train.stream``: the spool of ``data_mode`` stream / cache-first-epoch (train/streaming.py,
+    docs/streaming.md). Null directories sit under the run dir."""
+
+    spool_dir: str | None = None
+    cache_dir: str | None = None
+    max_spool_gb: float = 20.0
+    chunk_steps: int = 8
+    local_producers: int = 1
+    producer_threads: int | None = None
+    producer_device: str = "auto"
+    producer_timeout_s: float = 120.0
+    max_restarts: int = 5
+
+    def problems(self) -> list[str]:
+        found = _at_least("train.stream.chunk_steps", self.chunk_steps, 1)
+        found += _at_least("train.stream.local_producers", self.local_producers, 0)
+        found += _at_least("train.stream.producer_threads", self.producer_threads, 1)
+        found += _at_least("train.stream.max_restarts", self.max_restarts, 0)
+        if not self.max_spool_gb > 0 or not self.producer_timeout_s > 0:
+            found.append("train.stream.max_spool_gb and train.stream.producer_timeout_s must be > 0")
+        return found
+
+
+@dataclass(frozen=True)
 class LoopSettings:
     """``train``: the algorithm and the loop (recipes/train/eagle3.yaml)."""
 
@@ -144,6 +169,7 @@ class LoopSettings:
     confidence_weight: float = 1.0  # DSpark: weight of the confidence head's BCE
     max_cpu_seconds: float | None = None  # a CPU budget: the run (and its schedule) shortened to fit it
     hass: HassSettings = field(default_factory=HassSettings)
+    stream: StreamSettings = field(default_factory=StreamSettings)
 
     @property
     def is_hass(self) -> bool:
@@ -197,7 +223,7 @@ class LoopSettings:
             )
         if not self.resume:
             found.append("train.resume is empty: use auto, never or a checkpoint directory")
-        return found + self.hass.problems()
+        return found + self.hass.problems() + self.stream.problems()
 
 
 @dataclass(frozen=True)
@@ -507,6 +533,7 @@ __all__ = [
     "OptimSettings",
     "ScheduleSettings",
     "SettingsError",
+    "StreamSettings",
     "TrainSettings",
     "VerifierSettings",
     "WandbSettings",

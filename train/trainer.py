@@ -167,6 +167,7 @@ class Trainer:
         per_epoch = self.plan.steps_per_epoch
         eval_every, save_every = settings.train.eval_every, settings.train.save_every
         features = self.features
+        features.begin(self.plan, progress.step, self.total_steps)
         loader = run_loader(
             features.train_set,
             self.plan,
