@@ -85,9 +85,9 @@ QUICK = Size(
         "data_gen.regenerate.batch_size=8",
     ],
     train=["eval.max_samples=6", "train.max_length=256"],
-    budget_cpu_s=12,
+    budget_cpu_s=25,  # the first 10 steps measure the cost per step: the budget must outlast them
     epochs=50,
-    curve_eval_every=4,
+    curve_eval_every=10,  # not before the cost probe ends (an evaluation in it would shorten the run)
     draft_step_repeats=5,
 )
 FULL = Size(
@@ -102,7 +102,7 @@ FULL = Size(
     train=[],
     budget_cpu_s=300,  # about one epoch of the demo data at today's defaults, one thread
     epochs=20,
-    curve_eval_every=30,
+    curve_eval_every=30,  # after the trainer's 10-step cost probe
     draft_step_repeats=50,
 )
 
@@ -164,6 +164,7 @@ def train_command(lane: Lane, size: Size, data_dir: Path, run_dir: Path, extra: 
         f"train.data_dir={data_dir}",
         f"run_dir={run_dir}",
         "logging=disabled",
+        "logging.log_every=1",  # a CPU reading every step: the cost per step
         "train.cpu_threads=1",
         f"train.max_cpu_seconds={size.budget_cpu_s}",
         f"train.epochs={size.epochs}",
@@ -174,6 +175,12 @@ def train_command(lane: Lane, size: Size, data_dir: Path, run_dir: Path, extra: 
         *lane.overrides,
         *extra,
     ]
+
+
+def merged(base: list[str], later: list[str]) -> list[str]:
+    """``base`` then ``later``, a key set in both given once, as ``later`` sets it."""
+    keys = {override.split("=", 1)[0] for override in later}
+    return [o for o in base if o.split("=", 1)[0] not in keys] + later
 
 
 def data_command(output: Path, overrides: list[str], extra: list[str]) -> list[str]:
@@ -229,6 +236,10 @@ def lane_result(run_dir: Path, budget: float, data_gen_cpu_s: float) -> dict[str
     seconds = sum(float(r["tokens"]) / r["tokens_per_s"] for r in trains if r.get("tokens_per_s"))
     steps = int(trains[-1]["step"]) if trains else 0
     cpu = float(trains[-1].get("process_cpu_s") or 0.0) if trains else 0.0
+    per_step = None
+    if len(trains) > 1:  # between the first and the last step: start-up excluded
+        span = int(trains[-1]["step"]) - int(trains[0]["step"])
+        per_step = round((cpu - float(trains[0].get("process_cpu_s") or 0.0)) / max(span, 1), 3)
     final = evals[-1] if evals else {}
     best = max((r.get("eval/acceptance_length") or 0.0 for r in evals), default=None)
     return {
@@ -240,7 +251,7 @@ def lane_result(run_dir: Path, budget: float, data_gen_cpu_s: float) -> dict[str
         "training_tokens": int(tokens),
         "training_tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         "process_cpu_s_at_last_step": round(cpu, 1),
-        "cpu_s_per_step": round(cpu / steps, 3) if steps else None,
+        "cpu_s_per_step": per_step,
         "training_cpu_budget_s": budget,
         "curve_points": learning_curve.curve_points(records, {}, data_gen_cpu_s),
     }
@@ -277,6 +288,19 @@ def data_share(lane: Lane, own_samples: int) -> float:
         if override.startswith("train.max_samples="):
             return min(1.0, int(override.split("=", 1)[1]) / max(own_samples, 1))
     return 1.0
+
+
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def machine_info() -> dict[str, Any]:
+    """The acceptance bench's machine record plus the CPU flags that decide fp32/bf16 speed."""
+    flags: set[str] = set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        line = next((x for x in cpuinfo.read_text().splitlines() if x.startswith("flags")), "")
+        flags = set(line.partition(":")[2].split())
+    return {**machine(), "cpu_flags": [flag for flag in SPEED_FLAGS if flag in flags]}
 
 
 def al_change(lane: dict[str, Any], base: dict[str, Any]) -> float | None:
@@ -323,23 +347,33 @@ def wave_load(window: LoadWindow, stage_cpu_s: float) -> dict[str, Any]:
     }
 
 
-def run_measured_wave(lanes_: list[list[tuple[str, list[str], Path]]], logs: Path) -> tuple[dict, dict]:
+def run_measured_wave(
+    name: str, lanes_: list[list[tuple[str, list[str], Path]]], logs: Path
+) -> tuple[dict, dict]:
+    """:func:`acceptance_bench.run_wave` with the other processes' CPU while it ran, kept beside the logs: a re-run
+    that skips every stage reports the load of the run that produced them; one that ran some says so."""
     with LoadWindow() as window:
         records = run_wave(lanes_, logs)
-    ran = sum(float(r.get("cpu_s") or 0.0) for r in records.values() if not r.get("skipped"))
-    return records, wave_load(window, ran)
+    saved = logs / f"load_{name}.json"
+    ran = [r for r in records.values() if not r.get("skipped")]
+    if not ran and saved.is_file():
+        return records, json.loads(saved.read_text())
+    load = wave_load(window, sum(float(r.get("cpu_s") or 0.0) for r in ran))
+    load["stages_skipped"] = len(records) - len(ran)  # run by an earlier, interrupted run: not in this window
+    atomic_write_json(saved, load)
+    return records, load
 
 
 # ---- the bench ------------------------------------------------------------------------------------------------
 def make_data(size: Size, root: Path, logs: Path, extra: list[str]) -> tuple[dict, dict, dict]:
     """Both data sets side by side (skipped when done); their summaries, stage records and the wave's load."""
     own_dir, regen_dir = root / "data_own", root / "data_regenerated"
-    regen = [*size.data, "data_gen.regenerate.enabled=true", *size.regen]
+    regen = merged(size.data, ["data_gen.regenerate.enabled=true", *size.regen])
     wave = [
         [("data_own", data_command(own_dir, size.data, extra), own_dir)],
         [("data_regenerated", data_command(regen_dir, regen, extra), regen_dir)],
     ]
-    records, load = run_measured_wave(wave, logs)
+    records, load = run_measured_wave("data", wave, logs)
     data = {
         "own": {"dir": str(own_dir), **data_summary(own_dir, records["data_own"])},
         "regenerated": {"dir": str(regen_dir), **data_summary(regen_dir, records["data_regenerated"])},
@@ -367,7 +401,7 @@ def train_lanes(
             for lane, run_dir in zip(queue, run_dirs, strict=True)
         ]
 
-    return run_measured_wave([stages(queue) for queue in queues(all_lanes)], logs)
+    return run_measured_wave("training", [stages(queue) for queue in queues(all_lanes)], logs)
 
 
 def read_lanes(
@@ -463,7 +497,7 @@ def main() -> None:
     result = {
         "benchmark": "levers at equal training CPU-seconds (issue 21), demo recipe data",
         "mode": "quick" if args.quick else "full",
-        "machine": machine(),
+        "machine": machine_info(),
         "command": " ".join([".venv/bin/python", "bench/levers_bench.py", *flags]),
         "recipe": RECIPE,
         "overrides": args.override,
@@ -484,7 +518,10 @@ def main() -> None:
         "stages": stage_records,
         "total_wall_s": round(time.perf_counter() - started, 1),
         "notes": "cpu_s of a stage: its own process tree's CPU (wait4), start-up and evaluations included; "
-        "process_cpu_s_at_last_step: the trainer's CPU when its budgeted steps were done. Wall times of skipped "
+        "process_cpu_s_at_last_step: the trainer's CPU when its budgeted steps were done (start-up included); "
+        "cpu_s_per_step: between the first and the last step (the baseline's includes its curve evaluations); "
+        "draft_step_ms: one drafting step of the final draft, one token, one thread, timed by this script with "
+        "its load beside it. Wall times and tokens/s depend on the machine's load (see load). Wall times of skipped "
         "stages are those of the run that produced them. data_gen_cpu_s of a lane that trains on a prefix of the "
         "own data (train.max_samples) is the own data's CPU pro rata to the samples it uses.",
     }
