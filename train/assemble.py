@@ -1,5 +1,5 @@
 """Everything built once before the loop: the accelerator (single process, DDP or DeepSpeed ZeRO), the draft and
-its vocabulary, the optimizer and the learning-rate schedule.
+its vocabulary, the optimizer (train/optimizers.py, re-exported here) and the learning-rate schedule.
 
 CPU/GPU differ only in choices made here at run time (dtype, process-group backend, attention kernel):
 
@@ -37,7 +37,8 @@ from speculators.verifier import (
     verifier_embedding,
 )
 from speculators.vocab import DraftVocab
-from train.settings import OptimSettings, TrainSettings
+from train.optimizers import make_optimizer
+from train.settings import TrainSettings
 from train.targets import TargetHead
 
 
@@ -426,25 +427,6 @@ def check_first_stage_vocab(source: Path, vocab: DraftVocab) -> None:
         return  # a bare draft directory, or an online run (its counts carry no tokenizer fingerprint)
     DraftVocab.load(saved).check_compatible(
         fingerprint, vocab.draft_vocab_size, where=f"train.init_from={source}: its draft vocabulary ({saved})"
-    )
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Trainable parameters; norms (1-D) are not decayed."""
-    decay, no_decay = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.dim() >= 2 else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
-
-
-def make_optimizer(optim: OptimSettings, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """torch AdamW, the only ``optim.name`` (checked with the settings)."""
-    return torch.optim.AdamW(
-        param_groups(model, optim.weight_decay), lr=optim.lr, betas=optim.betas, eps=optim.eps
     )
 
 

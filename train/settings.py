@@ -26,7 +26,8 @@ ATTENTION_BACKENDS = ("auto", "chunked", "flex", "dense")  # train.ttt_attention
 TRAIN_DTYPES = ("auto", "bf16", "bfloat16", "fp32", "float32")
 VERIFIER_DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
 SCHEDULES = ("cosine", "linear", "constant")
-OPTIMIZERS = ("adamw",)
+OPTIMIZERS = ("adamw", "muon")  # train.optimizers.BUILDERS (a test compares)
+MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw")
 FC_INITS = ("default", "feature_rms")
 WARM_STARTS = ("none", "top_layer")
 LOSS_POSITIONS = ("assistant", "all")
@@ -227,8 +228,32 @@ class LoopSettings:
 
 
 @dataclass(frozen=True)
+class MuonSettings:
+    """``optim.muon``: torch Muon's settings for the 2-D hidden matrices under ``optim.name=muon``
+    (recipes/optim/muon.yaml); speculators 0.9.0's defaults. Its lr is ``optim.lr``: ``match_rms_adamw`` scales
+    Muon's update to AdamW's RMS, so one schedule serves both halves."""
+
+    momentum: float = 0.95
+    nesterov: bool = True
+    weight_decay: float = 0.1
+    ns_steps: int = 5
+    adjust_lr_fn: str = "match_rms_adamw"
+
+    def problems(self) -> list[str]:
+        found = _choice("optim.muon.adjust_lr_fn", self.adjust_lr_fn, MUON_LR_ADJUSTMENTS)
+        if not 0.0 <= self.momentum < 1.0:
+            found.append(f"optim.muon.momentum={self.momentum}: must be in [0, 1)")
+        return (
+            found
+            + _at_least("optim.muon.weight_decay", self.weight_decay, 0)
+            + _at_least("optim.muon.ns_steps", self.ns_steps, 1)
+        )
+
+
+@dataclass(frozen=True)
 class OptimSettings:
-    """``optim``: torch AdamW (recipes/optim/adamw.yaml)."""
+    """``optim``: torch AdamW, or Muon on the 2-D hidden matrices with AdamW on the rest (recipes/optim/*.yaml;
+    train/optimizers.py builds them)."""
 
     name: str = "adamw"
     lr: float = 1e-4
@@ -236,6 +261,7 @@ class OptimSettings:
     eps: float = 1e-8
     weight_decay: float = 0.0
     grad_clip: float | None = 0.5
+    muon: MuonSettings = field(default_factory=MuonSettings)
 
     @property
     def clip_norm(self) -> float:
@@ -254,6 +280,7 @@ class OptimSettings:
             found
             + _at_least("optim.weight_decay", self.weight_decay, 0)
             + _at_least("optim.grad_clip", self.grad_clip, 0)
+            + self.muon.problems()
         )
 
 
@@ -416,6 +443,12 @@ class TrainSettings:
                 f"train.hass.topk={loop.topk} exceeds model.draft_vocab_size={vocab}: the top-K term ranks draft "
                 "tokens; lower train.hass.topk or raise the draft vocabulary"
             )
+        if self.optim.name == "muon" and self.deepspeed.enabled:
+            found.append(
+                "optim=muon with DeepSpeed: ZeRO steps a client optimizer on flattened 1-D partitions, and Muon "
+                "orthogonalizes 2-D matrices; train Muon with deepspeed=none (one process or DDP), or use optim=adamw "
+                "under DeepSpeed"
+            )
         return found
 
 
@@ -530,6 +563,7 @@ __all__ = [
     "LoggingSettings",
     "LoopSettings",
     "ModelSettings",
+    "MuonSettings",
     "OptimSettings",
     "ScheduleSettings",
     "SettingsError",
