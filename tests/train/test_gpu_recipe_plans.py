@@ -37,6 +37,7 @@ GPU_RECIPES = {
     "eagle3_qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",
     "dflash_qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",
     "eagle3_llama70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "eagle3_llama8b_32k": "meta-llama/Llama-3.1-8B-Instruct",
 }
 
 
