@@ -257,8 +257,14 @@ def frozen_bytes(
 
 
 def offload_bytes(
-    trainable: int, largest_tensor: int, prefetch: int, draft_frozen: int, head_params: int, verifier_params: int,
-    processes: int, bf16: bool,
+    trainable: int,
+    largest_tensor: int,
+    prefetch: int,
+    draft_frozen: int,
+    head_params: int,
+    verifier_params: int,
+    processes: int,
+    bf16: bool,
 ) -> tuple[int, int, int]:
     """(GPU static, GPU frozen, host RAM) bytes per rank under ZeRO-3 with parameter and optimizer offload (see
     :data:`RULES`)."""
@@ -273,7 +279,8 @@ def recipe_layout(settings: TrainSettings) -> str:
     """The recipe's layout as one of :data:`LAYOUTS` (ZeRO-3 with CPU offload of params or optimizer: ``zero3_offload``)."""
     zero = (settings.deepspeed.config or {}).get("zero_optimization") or {}
     offloaded = any(
-        (zero.get(key) or {}).get("device") not in (None, "none") for key in ("offload_param", "offload_optimizer")
+        (zero.get(key) or {}).get("device") not in (None, "none")
+        for key in ("offload_param", "offload_optimizer")
     )
     stage = settings.deepspeed.zero_stage
     return OFFLOAD if settings.deepspeed.enabled and stage == 3 and offloaded else f"zero{stage}"
@@ -293,7 +300,11 @@ def planned_hardware(settings: TrainSettings) -> dict[str, Any] | None:
             f"it takes {sorted(wanted)}"
         )
     hardware = {"gpu": section.get("gpu", "GPU"), "sequence_parallel": 1, **section}
-    if hardware["gpus"] < 1 or hardware["sequence_parallel"] < 1 or hardware["gpus"] % hardware["sequence_parallel"]:
+    if (
+        hardware["gpus"] < 1
+        or hardware["sequence_parallel"] < 1
+        or hardware["gpus"] % hardware["sequence_parallel"]
+    ):
         raise ValueError(
             f"recipe {settings.recipe_name}: memory_plan.sequence_parallel={hardware['sequence_parallel']} must "
             f"divide memory_plan.gpus={hardware['gpus']} (both at least 1)"

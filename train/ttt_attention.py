@@ -180,7 +180,9 @@ def chunked_ttt_attention(
     """Step j = len(keys) - 1: causal over ``keys[0]`` (same document, inside the window if any) plus the diagonal
     of ``keys[1:]``."""
     step = len(keys) - 1
-    out0, lse0 = document_causal_attention(q, keys[0], values[0], document_ids, chunk_size, None, window, step)
+    out0, lse0 = document_causal_attention(
+        q, keys[0], values[0], document_ids, chunk_size, None, window, step
+    )
     if len(keys) == 1:
         return out0
     return merge_diagonal(out0, lse0, q, keys[1:], values[1:])
@@ -305,7 +307,9 @@ def flex_block_mask(
     def mask_mod(b, h, q_idx, kv_idx):
         block = kv_idx // length
         pos = kv_idx % length
-        causal = (pos <= q_idx) & (pos > q_idx + current - span) & (document_ids[b, pos] == document_ids[b, q_idx])
+        causal = (
+            (pos <= q_idx) & (pos > q_idx + current - span) & (document_ids[b, pos] == document_ids[b, q_idx])
+        )
         return torch.where(block == 0, causal, (pos == q_idx) & (block <= current))
 
     create = _compiled("create_block_mask", compile_backend)

@@ -36,7 +36,9 @@ def _window_rules(config: dict[str, Any]) -> Iterator[str]:
             f"transformer_layer_config.layer_types {types!r} must list {layers} entries of {SLIDING!r} or "
             f"{FULL!r}, one per draft layer (vLLM indexes it by draft layer)"
         )
-    elif SLIDING in types and not (isinstance(layer.get("sliding_window"), int) and layer["sliding_window"] >= 1):
+    elif SLIDING in types and not (
+        isinstance(layer.get("sliding_window"), int) and layer["sliding_window"] >= 1
+    ):
         yield "sliding_attention layers need transformer_layer_config.sliding_window, a positive integer"
 
 

@@ -184,7 +184,9 @@ class DraftCache:
             positions_new = torch.zeros(valid_new.shape, dtype=torch.long, device=valid_new.device)
         self.valid = torch.cat([self.valid, valid_new], dim=1)
         self.positions = torch.cat([self.positions, positions_new], dim=1)
-        masks = {window: self._window_mask(visible, positions_new, window, dtype) for window in set(self.windows)}
+        masks = {
+            window: self._window_mask(visible, positions_new, window, dtype) for window in set(self.windows)
+        }
 
         def attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             mask = masks[self.windows[layer_idx]]

@@ -279,7 +279,11 @@ def window_layout(window: int, num_layers: int) -> dict[str, Any]:
     layer and ``sliding_window``; ``use_sliding_window`` is what transformers' Qwen configs gate windows on)."""
     if int(window) < 1:
         raise ValueError(f"sliding_window {window}: a window holds at least the query's own position")
-    return {"layer_types": [SLIDING] * int(num_layers), "sliding_window": int(window), "use_sliding_window": True}
+    return {
+        "layer_types": [SLIDING] * int(num_layers),
+        "sliding_window": int(window),
+        "use_sliding_window": True,
+    }
 
 
 def default_aux_layer_ids(num_verifier_layers: int) -> list[int]:

@@ -24,7 +24,13 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from speculators.format.config import Eagle3Config
 from speculators.models.draft import DraftModel
-from speculators.models.layers import AttendFn, DraftAttention, bind_layer, hf_layer_config, sliding_causal_attend
+from speculators.models.layers import (
+    AttendFn,
+    DraftAttention,
+    bind_layer,
+    hf_layer_config,
+    sliding_causal_attend,
+)
 
 
 class Eagle3DecoderLayer(nn.Module):

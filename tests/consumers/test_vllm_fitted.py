@@ -93,7 +93,9 @@ def fit(
     vocab_size = verifier.config.vocab_size
     vocab = quickfit.draft_vocabulary(data, vocab_size, min(DRAFT_VOCAB, vocab_size))
     draft = quickfit.init_draft(verifier, str(verifier_dir), vocab, aux_ids)
-    if draft.config.norm_before_residual != norm_before_residual or sliding_window:  # same start, other layout
+    if (
+        draft.config.norm_before_residual != norm_before_residual or sliding_window
+    ):  # same start, other layout
         config = Eagle3Config.from_dict(
             {**draft.config.to_dict(), "norm_before_residual": norm_before_residual}
         )

@@ -20,7 +20,7 @@ from speculators.format.validate import errors, validate_checkpoint
 from speculators.models import Eagle3DraftModel
 from speculators.serving import vllm_bridge as bridge
 from tests.conftest import require_consumer
-from tests.consumers.test_vllm_fitted import INIT_STD, K, NEW_TOKENS, chat_prompts, fit
+from tests.consumers.test_vllm_fitted import INIT_STD, NEW_TOKENS, K, chat_prompts, fit
 from tests.support.verifiers import build_tiny_verifier
 
 pytestmark = [pytest.mark.consumer, pytest.mark.slow]
@@ -72,7 +72,11 @@ def drafts(tmp_path_factory, smollm2_tokenizer) -> dict:
     return {
         "verifier_dir": verifier_dir,
         "prompts": prompts,
-        "windowed": (windowed.ours, windowed.tokens, windowed.draft.save_pretrained(root / "windowed", torch.float32)),
+        "windowed": (
+            windowed.ours,
+            windowed.tokens,
+            windowed.draft.save_pretrained(root / "windowed", torch.float32),
+        ),
         "full": (full_stats, full_tokens, full.save_pretrained(root / "full", torch.float32)),
     }
 
@@ -94,7 +98,10 @@ def test_the_window_is_written_as_vllm_reads_it_and_validates(drafts):
 def test_the_window_changes_what_our_engine_measures(drafts):
     windowed, full = drafts["windowed"][0], drafts["full"][0]
     assert drafts["windowed"][1] == drafts["full"][1]  # greedy verification: the same text either way
-    assert abs(windowed["acceptance_length_global"] - full["acceptance_length_global"]) >= 0.1, (windowed, full)
+    assert abs(windowed["acceptance_length_global"] - full["acceptance_length_global"]) >= 0.1, (
+        windowed,
+        full,
+    )
 
 
 @pytest.fixture(scope="module")

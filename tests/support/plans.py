@@ -6,7 +6,7 @@ Callers must treat a returned plan as read-only: it is shared."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -22,7 +22,7 @@ def resolved_recipe(recipe: str, *overrides: str) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-@lru_cache(maxsize=None)
+@cache
 def recipe_plan(recipe: str, *overrides: str) -> dict[str, Any]:
     """:func:`train.memory_plan.plan_memory` of the recipe with ``overrides``, computed once per session."""
     from train.memory_plan import plan_memory
