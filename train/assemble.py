@@ -190,6 +190,7 @@ def recipe_draft_config(
         layer_type=settings.model.layer_type,
         norm_before_residual=settings.model.norm_before_residual,
         torch_dtype="float32",
+        sliding_window=settings.model.sliding_window,
     )
 
 

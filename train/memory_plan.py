@@ -16,6 +16,13 @@ and log-sum-exp, never a score matrix), plus, where the recipe's backend is flex
 flex concatenates and zero-pads to the unroll's full key length at every step and keeps for backward; gradients are freed as they are accumulated (DeepSpeed reduces them into
 its own buffers, counted in the static part), and allocator fragmentation and the CUDA context (~0.5-1 GB) are not
 in the count.
+
+The recipe's ``memory_plan`` section names the hardware it is meant for (``gpu``, ``gpus``, ``gpu_memory_gib``) and
+optionally a Ulysses ``sequence_parallel`` degree; the plan then says, under ``hardware``, which layouts (ZeRO 0-3 and
+ZeRO-3 with CPU offload) fit that GPU with :data:`RESERVE_GIB` to spare, the least sharding that fits, and whether
+the recipe's own layout does. Sequence parallelism splits each sequence across ``sequence_parallel`` ranks (DeepSpeed
+Ulysses: an all-to-all hands each rank all positions of 1/sp of the heads inside attention, 1/sp of the positions
+elsewhere), so the per-GPU batch and activations are divided by the degree; the static and frozen parts are not.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ SHIPPED_VERIFIERS = REPO_ROOT / "recipes" / "verifiers"
 STAGES = (0, 1, 2, 3)
 PROCESS_COUNTS = (1, 8)
 GIB = 2**30
+OFFLOAD = "zero3_offload"
+RESERVE_GIB = 4  # per GPU, not counted by the trace: CUDA context, NCCL buffers, allocator fragmentation
+LAYOUTS = ("zero0", "zero1", "zero2", "zero3", OFFLOAD)  # least sharded first (zero0: DDP, fp32 weights)
 RULES = {
     "zero0": "accelerate DDP, fp32 weights under bf16 autocast: 4 (param) + 4 (grad) + 8 (AdamW m, v) bytes per "
     "trainable param, + 4 (DDP gradient buckets) with more than one process",
@@ -47,6 +57,10 @@ RULES = {
     "zero2": "DeepSpeed bf16: 2 (bf16 param) + (2 bf16 grad + 4 fp32 master + 8 AdamW m, v) / N",
     "zero3": "DeepSpeed bf16: (2 bf16 param + 2 bf16 grad + 4 fp32 master + 8 AdamW m, v) / N",
     "fp32": "with train.dtype=fp32 the bf16 copies are fp32 and there is no separate master copy",
+    "zero3_offload": "DeepSpeed ZeRO-3 with offload_param and offload_optimizer on CPU: no trainable bytes stay on "
+    "the GPU but the gathered bf16 copy of the tensor in use and of the prefetch bucket, 2 x (largest trainable "
+    "tensor + stage3_prefetch_bucket_size); host RAM per rank (2 bf16 param + 4 fp32 grad + 4 fp32 master + 8 "
+    "AdamW m, v) / N; the frozen embedding is offloaded too and gathered whole for the lookup",
     "frozen": "draft embedding (the verifier's, frozen): bf16 under DeepSpeed (ZeRO-3: / N), fp32 under DDP; "
     "target head (verifier lm_head + its draft-vocab rows + final norm): compute dtype, every rank; online mode: "
     "the whole verifier in its dtype, every rank",
@@ -242,6 +256,84 @@ def frozen_bytes(
     return embedding + head_params * compute + verifier_params * 2
 
 
+def offload_bytes(
+    trainable: int,
+    largest_tensor: int,
+    prefetch: int,
+    draft_frozen: int,
+    head_params: int,
+    verifier_params: int,
+    processes: int,
+    bf16: bool,
+) -> tuple[int, int, int]:
+    """(GPU static, GPU frozen, host RAM) bytes per rank under ZeRO-3 with parameter and optimizer offload (see
+    :data:`RULES`)."""
+    compute = 2 if bf16 else 4
+    gpu_static = 2 * (largest_tensor + prefetch) * compute
+    gpu_frozen = draft_frozen * compute + head_params * compute + verifier_params * 2
+    host = trainable * (compute + 4 + 4 + 8) // processes
+    return gpu_static, gpu_frozen, host
+
+
+def recipe_layout(settings: TrainSettings) -> str:
+    """The recipe's layout as one of :data:`LAYOUTS` (ZeRO-3 with CPU offload of params or optimizer: ``zero3_offload``)."""
+    zero = (settings.deepspeed.config or {}).get("zero_optimization") or {}
+    offloaded = any(
+        (zero.get(key) or {}).get("device") not in (None, "none")
+        for key in ("offload_param", "offload_optimizer")
+    )
+    stage = settings.deepspeed.zero_stage
+    return OFFLOAD if settings.deepspeed.enabled and stage == 3 and offloaded else f"zero{stage}"
+
+
+def planned_hardware(settings: TrainSettings) -> dict[str, Any] | None:
+    """The recipe's ``memory_plan`` section (the hardware it is planned for), checked; None when it names none."""
+    section = settings.resolved.get("memory_plan")
+    if not section:
+        return None
+    wanted = ("gpu", "gpus", "gpu_memory_gib", "sequence_parallel")
+    unknown = sorted(set(section) - set(wanted))
+    missing = sorted({"gpus", "gpu_memory_gib"} - set(section))
+    if unknown or missing:
+        raise ValueError(
+            f"recipe {settings.recipe_name}: memory_plan section has unknown key(s) {unknown} / lacks {missing}; "
+            f"it takes {sorted(wanted)}"
+        )
+    hardware = {"gpu": section.get("gpu", "GPU"), "sequence_parallel": 1, **section}
+    if (
+        hardware["gpus"] < 1
+        or hardware["sequence_parallel"] < 1
+        or hardware["gpus"] % hardware["sequence_parallel"]
+    ):
+        raise ValueError(
+            f"recipe {settings.recipe_name}: memory_plan.sequence_parallel={hardware['sequence_parallel']} must "
+            f"divide memory_plan.gpus={hardware['gpus']} (both at least 1)"
+        )
+    return hardware
+
+
+def hardware_verdict(
+    hardware: dict[str, Any], static: dict[str, int], frozen: dict[str, int], per_sequence: int, layout: str
+) -> dict[str, Any]:
+    """Per-rank peak of every layout on the named hardware (``static``/``frozen`` at its GPU count, the batch and
+    activations ``per_sequence`` split by the SP degree), which fit with :data:`RESERVE_GIB` to spare, the least
+    sharded layout that fits and whether the recipe's does."""
+    sp = int(hardware["sequence_parallel"])
+    budget = (float(hardware["gpu_memory_gib"]) - RESERVE_GIB) * GIB
+    peak = {key: static[key] + frozen[key] + per_sequence // sp for key in LAYOUTS}
+    fits = {key: peak[key] <= budget for key in LAYOUTS}
+    return {
+        **hardware,
+        "reserve_gib": RESERVE_GIB,
+        "data_parallel": hardware["gpus"] // sp,
+        "peak_bytes_per_rank": peak,
+        "fits": fits,
+        "least_sharding_that_fits": next((key for key in LAYOUTS if fits[key]), None),
+        "recipe_layout": layout,
+        "recipe_fits": fits[layout],
+    }
+
+
 # ---- the plan ------------------------------------------------------------------------------------------------
 def build_meta_draft(
     config: TrainSettings | dict[str, Any], verifier_config: dict[str, Any], dtype: torch.dtype
@@ -287,6 +379,7 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     """The memory plan of a recipe: its settings, or the resolved recipe (a plain dict)."""
     started = time.perf_counter()
     settings = TrainSettings.from_config(config)
+    hardware = planned_hardware(settings)  # checked before the trace: a wrong section fails in a second
     train_cfg = settings.train
     verifier_name = settings.verifier.name_or_path
     verifier_config = plan_verifier_config(verifier_name)
@@ -314,16 +407,41 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
         )
     activations = trace_step(model, head, batch, objective) + flex_keys
     static, peak, frozen = {}, {}, {}
+    hardware_gpus = (hardware or {}).get("gpus")
+    process_counts = sorted({*PROCESS_COUNTS, *([hardware_gpus] if hardware_gpus else [])})
     for stage in STAGES:
         key = f"zero{stage}"
         static[key], peak[key], frozen[key] = {}, {}, {}
-        for n in PROCESS_COUNTS:
+        for n in process_counts:
             static[key][str(n)] = int(trainable * trainable_bytes_per_param(stage, n, bf16))
             frozen[key][str(n)] = int(
                 frozen_bytes(draft_frozen, head_params, verifier_params, stage, n, bf16)
             )
             peak[key][str(n)] = static[key][str(n)] + frozen[key][str(n)] + batch_bytes(batch) + activations
     recipe_stage = settings.deepspeed.zero_stage
+    largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
+    prefetch = int(
+        ((settings.deepspeed.config or {}).get("zero_optimization") or {}).get("stage3_prefetch_bucket_size")
+        or 50_000_000
+    )
+    host = {}
+    static[OFFLOAD], frozen[OFFLOAD], peak[OFFLOAD] = {}, {}, {}
+    for n in process_counts:
+        gpu_static, gpu_frozen, host[str(n)] = offload_bytes(
+            trainable, largest, prefetch, draft_frozen, head_params, verifier_params, n, bf16
+        )
+        static[OFFLOAD][str(n)], frozen[OFFLOAD][str(n)] = gpu_static, gpu_frozen
+        peak[OFFLOAD][str(n)] = gpu_static + gpu_frozen + batch_bytes(batch) + activations
+    verdict = None
+    if hardware is not None:
+        gpus = str(hardware["gpus"])
+        verdict = hardware_verdict(
+            hardware,
+            {key: static[key][gpus] for key in LAYOUTS},
+            {key: frozen[key][gpus] for key in LAYOUTS},
+            batch_bytes(batch) + activations,
+            recipe_layout(settings),
+        )
     return {
         "recipe": settings.recipe_name,
         "verifier": public_name(verifier_name),  # a plan may be shared or committed: no local path in it
@@ -350,6 +468,8 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
         "frozen_bytes_per_rank": frozen,
         "peak_bytes_per_rank": peak,
         "recipe_zero_stage": recipe_stage,
+        "offload_host_bytes_per_rank": host,
+        "hardware": verdict,  # null when the recipe names no hardware (memory_plan section)
         "rules": RULES,
         "assumptions": __doc__.split("Assumptions (also written into the JSON): ")[1]
         .split("\n\n")[0]
@@ -365,7 +485,24 @@ def summary_line(plan: dict[str, Any]) -> str:
         f"memory plan {plan['recipe']}: {plan['params_trainable'] / 1e6:.1f}M trainable, "
         f"{plan['params_frozen'] / 1e6:.1f}M frozen params; one {plan['algorithm']} step ({plan['micro_batch_size']} x "
         f"{plan['max_length']} tokens, {plan['drafted_positions']} drafted positions) {plan['activation_peak_bytes'] / GIB:.1f} GiB; "
-        f"peak per rank ({stage}): " + ", ".join(f"{n} proc {b / GIB:.1f} GiB" for n, b in peaks.items())
+        f"peak per rank ({stage}): "
+        + ", ".join(f"{n} proc {b / GIB:.1f} GiB" for n, b in peaks.items())
+        + hardware_line(plan)
+    )
+
+
+def hardware_line(plan: dict[str, Any]) -> str:
+    """The verdict on the named hardware, appended to the summary (empty when the recipe names none)."""
+    verdict = plan.get("hardware")
+    if not verdict:
+        return ""
+    layout = verdict["recipe_layout"]
+    peak = verdict["peak_bytes_per_rank"][layout] / GIB
+    sp = f", sequence parallel {verdict['sequence_parallel']}" if verdict["sequence_parallel"] > 1 else ""
+    return (
+        f"; on {verdict['gpus']} x {verdict['gpu']} ({verdict['gpu_memory_gib']} GiB{sp}): {layout} "
+        f"{'fits' if verdict['recipe_fits'] else 'DOES NOT FIT'} ({peak:.1f} GiB per rank); least sharding that fits: "
+        f"{verdict['least_sharding_that_fits']}"
     )
 
 

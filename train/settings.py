@@ -78,6 +78,8 @@ class ModelSettings:
     markov_rank: int = 256  # DSpark's Markov head rank
     # P-EAGLE: train the embedding too (speculators 0.9.0 always does); EAGLE-3 and DFlash keep it frozen
     embed_requires_grad: bool = False
+    # EAGLE-3 / HASS long-context drafts: every draft layer attends over this many positions (null: all)
+    sliding_window: int | None = None
 
     def problems(self) -> list[str]:
         found = _at_least("model.num_layers", self.num_layers, 1)
@@ -85,6 +87,7 @@ class ModelSettings:
         found += _at_least("model.mask_token_id", self.mask_token_id, 0)
         found += _choice("model.warm_start", self.warm_start, WARM_STARTS)
         found += _at_least("model.draft_vocab_size", self.draft_vocab_size, 1)
+        found += _at_least("model.sliding_window", self.sliding_window, 1)
         found += _choice("model.fc_init", self.fc_init, FC_INITS)
         if self.layer_type is not None:
             found += _choice("model.layer_type", self.layer_type, LAYER_TYPES)
@@ -448,6 +451,17 @@ class TrainSettings:
                 "optim=muon with DeepSpeed: ZeRO steps a client optimizer on flattened 1-D partitions, and Muon "
                 "orthogonalizes 2-D matrices; train Muon with deepspeed=none (one process or DDP), or use optim=adamw "
                 "under DeepSpeed"
+            )
+        window = self.model.sliding_window
+        if window is not None and loop.algorithm not in ("eagle3", "hass"):
+            found.append(
+                f"model.sliding_window={window} with train.algorithm={loop.algorithm}: windowed draft layers are "
+                "built for EAGLE-3 and HASS only; set model.sliding_window=null"
+            )
+        elif window is not None and window <= loop.ttt_steps:
+            found.append(
+                f"model.sliding_window={window} must exceed train.ttt_steps={loop.ttt_steps}: step j's query sits "
+                "j positions past its context, so a shorter window would hide every context key"
             )
         return found
 

@@ -19,6 +19,12 @@ per head) wastes memory quadratically. Here each step needs only:
 * ``dense``: the naive reference that materialises the L × (j+1)·L mask. For tests only.
 
 ``auto`` picks ``flex`` on CUDA when available, else ``chunked``: a run-time choice, one code path for the model.
+
+Sliding-window draft layers (``layer_types`` / ``sliding_window``, long-context drafts): step j's query at t has
+rope position t + j, as at inference, so it sees the step-0 keys s with t + j - window < s <= t (the keys vLLM keeps
+inside the window of position t + j); the chunked kernel then reads only those keys, so a windowed layer costs
+O(L · window), not O(L²). The window must exceed the unroll's steps (else a late step would see no context); the
+own-slot keys of steps 1..j (positions t+1..t+j) are then always inside it.
 """
 
 from __future__ import annotations
@@ -44,25 +50,50 @@ def _ungrouped(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(batch, kv_heads * group, length, dim)
 
 
-def document_causal_mask(document_ids: torch.Tensor, q_start: int, q_stop: int, k_stop: int) -> torch.Tensor:
-    """Bool [B, 1, 1, q, k]: key s visible to query t iff s <= t and both lie in the same document."""
+def document_causal_mask(
+    document_ids: torch.Tensor,
+    q_start: int,
+    q_stop: int,
+    k_stop: int,
+    window: int | None = None,
+    step: int = 0,
+    k_start: int = 0,
+) -> torch.Tensor:
+    """Bool [B, 1, 1, q, k] over keys ``k_start .. k_stop``: key s visible to query t iff s <= t, both lie in the
+    same document and, with a ``window``, s > t + step - window (step j's query sits at position t + j)."""
     q_pos = torch.arange(q_start, q_stop, device=document_ids.device)
-    k_pos = torch.arange(0, k_stop, device=document_ids.device)
+    k_pos = torch.arange(k_start, k_stop, device=document_ids.device)
     causal = k_pos[None, :] <= q_pos[:, None]
-    same_doc = document_ids[:, q_start:q_stop, None] == document_ids[:, None, :k_stop]
+    if window is not None:
+        causal = causal & (k_pos[None, :] > q_pos[:, None] + step - window)
+    same_doc = document_ids[:, q_start:q_stop, None] == document_ids[:, None, k_start:k_stop]
     return (causal[None] & same_doc)[:, None, None]
+
+
+def window_start(q_start: int, window: int | None, step: int) -> int:
+    """The first key any query of a chunk starting at ``q_start`` can see (0 without a window)."""
+    return 0 if window is None else max(0, q_start + step - window + 1)
 
 
 # ---- the causal part, chunked and exact ----------------------------------------------------------------------
 def _causal_chunk(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor, q_start: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    document_ids: torch.Tensor,
+    q_start: int,
+    scale: float,
+    window: int | None = None,
+    step: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One query chunk against keys [0, q_stop): (output [B,Hkv,G,c,D], lse [B,Hkv,G,c]) in fp32 softmax."""
+    """One query chunk against keys [k_start, q_stop) (k_start > 0 only inside a window): (output [B,Hkv,G,c,D],
+    lse [B,Hkv,G,c]) in fp32 softmax."""
     q_stop = q_start + q.shape[-2]
-    keys = k[:, :, None, :q_stop]
-    values = v[:, :, None, :q_stop]
+    k_start = window_start(q_start, window, step)
+    keys = k[:, :, None, k_start:q_stop]
+    values = v[:, :, None, k_start:q_stop]
     scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
-    mask = document_causal_mask(document_ids, q_start, q_stop, q_stop)
+    mask = document_causal_mask(document_ids, q_start, q_stop, q_stop, window, step, k_start)
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).to(v.dtype)
@@ -76,14 +107,18 @@ def document_causal_attention(
     document_ids: torch.Tensor,
     chunk_size: int = 256,
     scale: float | None = None,
+    window: int | None = None,
+    step: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact document-causal attention with its log-sum-exp, in O(L·chunk) transient memory.
 
     q: [B, H, L, D]; k, v: [B, Hkv, L, D]; document_ids: [B, L] (equal ids = same document; padding gets its own
-    id). Returns ``(out [B, H, L, D], lse [B, H, L] float32)``. Every query sees at least itself, so no row is
-    empty. With gradients enabled each chunk runs under non-reentrant checkpointing, so backward recomputes the
-    chunk × L score block instead of keeping all of them.
+    id). Returns ``(out [B, H, L, D], lse [B, H, L] float32)``. Every query sees at least itself (with a window,
+    as long as ``step < window``), so no row is empty. With gradients enabled each chunk runs under non-reentrant
+    checkpointing, so backward recomputes the chunk × L score block instead of keeping all of them.
     """
+    if window is not None and step >= window:
+        raise ValueError(f"sliding window {window} at TTT step {step}: the query would see no context key")
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     grouped = _grouped(q, k.shape[1])
     length = q.shape[-2]
@@ -93,10 +128,10 @@ def document_causal_attention(
         q_chunk = grouped[:, :, :, start : start + chunk_size]
         if use_checkpoint:
             out, lse = checkpoint(
-                _causal_chunk, q_chunk, k, v, document_ids, start, scale, use_reentrant=False
+                _causal_chunk, q_chunk, k, v, document_ids, start, scale, window, step, use_reentrant=False
             )
         else:
-            out, lse = _causal_chunk(q_chunk, k, v, document_ids, start, scale)
+            out, lse = _causal_chunk(q_chunk, k, v, document_ids, start, scale, window, step)
         outs.append(out)
         lses.append(lse)
     out = torch.cat(outs, dim=3)
@@ -140,29 +175,38 @@ def chunked_ttt_attention(
     values: list[torch.Tensor],
     document_ids: torch.Tensor,
     chunk_size: int = 256,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Step j = len(keys) - 1: causal over ``keys[0]`` (same document) plus the diagonal of ``keys[1:]``."""
-    out0, lse0 = document_causal_attention(q, keys[0], values[0], document_ids, chunk_size)
+    """Step j = len(keys) - 1: causal over ``keys[0]`` (same document, inside the window if any) plus the diagonal
+    of ``keys[1:]``."""
+    step = len(keys) - 1
+    out0, lse0 = document_causal_attention(
+        q, keys[0], values[0], document_ids, chunk_size, None, window, step
+    )
     if len(keys) == 1:
         return out0
     return merge_diagonal(out0, lse0, q, keys[1:], values[1:])
 
 
 # ---- the reference: a dense (j+1)·L mask, for tests ----------------------------------------------------------
-def ttt_mask_dense(document_ids: torch.Tensor, steps: int) -> torch.Tensor:
+def ttt_mask_dense(document_ids: torch.Tensor, steps: int, window: int | None = None) -> torch.Tensor:
     """Bool [B, L, steps·L]: the full TTT visibility of step ``steps - 1`` queries (quadratic: tests only)."""
     length = document_ids.shape[1]
-    blocks = [document_causal_mask(document_ids, 0, length, length)[:, 0, 0]]
+    blocks = [document_causal_mask(document_ids, 0, length, length, window, steps - 1)[:, 0, 0]]
     eye = torch.eye(length, dtype=torch.bool, device=document_ids.device)
     blocks += [eye.expand(document_ids.shape[0], length, length)] * (steps - 1)
     return torch.cat(blocks, dim=-1)
 
 
 def dense_ttt_attention(
-    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], document_ids: torch.Tensor
+    q: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    document_ids: torch.Tensor,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Naive reference: concatenate every step's keys and apply the dense mask."""
-    mask = ttt_mask_dense(document_ids, len(keys))
+    mask = ttt_mask_dense(document_ids, len(keys), window)
     key = torch.cat(keys, dim=2)
     value = torch.cat(values, dim=2)
     groups = q.shape[1] // key.shape[1]
@@ -245,19 +289,27 @@ def default_compile_backend(device: torch.device) -> str | None:
 
 
 def flex_block_mask(
-    document_ids: torch.Tensor, step: int, total_steps: int, compile_backend: str | None = "inductor"
+    document_ids: torch.Tensor,
+    step: int,
+    total_steps: int,
+    compile_backend: str | None = "inductor",
+    window: int | None = None,
 ):
     """Block-sparse mask of step ``step`` (0-based) over the key slots ``cat(K_0..K_{total_steps-1})``.
 
     Slots of steps after ``step`` are masked (zero keys fill them), so every step of an unroll has the same key
-    length. ``step`` enters as a tensor: a Python int in the closure would be a guard, one compile per step."""
+    length. ``step`` and ``window`` enter as tensors: a Python int in the closure would be a guard, one compile per
+    step (no window: one longer than any distance, so windowed and full layers share the compiled mask)."""
     batch, length = document_ids.shape
     current = torch.tensor(step, device=document_ids.device)
+    span = torch.tensor(window if window is not None else length + total_steps, device=document_ids.device)
 
     def mask_mod(b, h, q_idx, kv_idx):
         block = kv_idx // length
         pos = kv_idx % length
-        causal = (pos <= q_idx) & (document_ids[b, pos] == document_ids[b, q_idx])
+        causal = (
+            (pos <= q_idx) & (pos > q_idx + current - span) & (document_ids[b, pos] == document_ids[b, q_idx])
+        )
         return torch.where(block == 0, causal, (pos == q_idx) & (block <= current))
 
     create = _compiled("create_block_mask", compile_backend)
@@ -281,6 +333,7 @@ def flex_ttt_attention(
     total_steps: int | None = None,
     block_mask=None,
     compile_backend: str | None = "auto",
+    window: int | None = None,
 ) -> torch.Tensor:
     """flex_attention of step ``len(keys) - 1`` over the step keys padded to ``total_steps`` (default: no
     padding) with the TTT block mask; compiled with ``compile_backend`` (``auto``: inductor on CUDA, else eager)."""
@@ -288,7 +341,7 @@ def flex_ttt_attention(
         compile_backend = default_compile_backend(q.device)
     total_steps = total_steps or len(keys)
     if block_mask is None:
-        block_mask = flex_block_mask(document_ids, len(keys) - 1, total_steps, compile_backend)
+        block_mask = flex_block_mask(document_ids, len(keys) - 1, total_steps, compile_backend, window)
     key = padded_step_keys(keys, total_steps)
     value = padded_step_keys(values, total_steps)
     flex = _compiled("flex_attention", compile_backend)
@@ -314,6 +367,7 @@ class TTTAttention:
     Each call appends that layer's k/v for the current step; the step index of a call is how many k/v the layer
     already holds. Create a fresh instance per batch (it keeps the unroll's keys alive for backward anyway).
     ``total_steps`` (the unroll's length) fixes flex's key length; ``compile_backend`` picks flex's compiler.
+    ``windows[i]``: draft layer i's sliding window (None or missing: full attention; see the module docstring).
     """
 
     def __init__(
@@ -323,8 +377,10 @@ class TTTAttention:
         chunk_size: int = 256,
         total_steps: int | None = None,
         compile_backend: str | None = "auto",
+        windows: list[int | None] | None = None,
     ) -> None:
         self.document_ids = document_ids
+        self.windows = list(windows or [])
         self.backend = resolve_backend(backend, document_ids.device)
         self.chunk_size = chunk_size
         self.total_steps = total_steps
@@ -333,22 +389,25 @@ class TTTAttention:
         self.compile_backend = compile_backend
         self._keys: dict[int, list[torch.Tensor]] = {}
         self._values: dict[int, list[torch.Tensor]] = {}
-        self._block_masks: dict[int, object] = {}
+        self._block_masks: dict[tuple[int, int | None], object] = {}
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         keys = self._keys.setdefault(layer_idx, [])
         values = self._values.setdefault(layer_idx, [])
         keys.append(k)
         values.append(v)
+        window = self.windows[layer_idx] if layer_idx < len(self.windows) else None
         if self.backend == "chunked":
-            return chunked_ttt_attention(q, keys, values, self.document_ids, self.chunk_size)
+            return chunked_ttt_attention(q, keys, values, self.document_ids, self.chunk_size, window)
         if self.backend == "dense":
-            return dense_ttt_attention(q, keys, values, self.document_ids)
+            return dense_ttt_attention(q, keys, values, self.document_ids, window)
         step, total = len(keys) - 1, self.total_steps or len(keys)
-        if step not in self._block_masks:  # shared by every layer of this step
-            self._block_masks[step] = flex_block_mask(self.document_ids, step, total, self.compile_backend)
+        if (step, window) not in self._block_masks:  # shared by every layer of this step and window
+            self._block_masks[step, window] = flex_block_mask(
+                self.document_ids, step, total, self.compile_backend, window
+            )
         return flex_ttt_attention(
-            q, keys, values, self.document_ids, total, self._block_masks[step], self.compile_backend
+            q, keys, values, self.document_ids, total, self._block_masks[step, window], self.compile_backend
         )
 
 

@@ -52,7 +52,13 @@ class TTTDraft(nn.Module):
         """k tensors ``[B, L, draft V]``; ``steps`` overrides k (evaluation may unroll further than training)."""
         steps = steps or self.steps
         hidden = self.draft.project_features(aux_hidden.to(self.draft.fc.weight.dtype))
-        attend = TTTAttention(document_ids, self.attention_backend, self.chunk_size, total_steps=steps)
+        attend = TTTAttention(
+            document_ids,
+            self.attention_backend,
+            self.chunk_size,
+            total_steps=steps,
+            windows=self.draft.config.layer_windows,
+        )
         logits = []
         for j in range(steps):
             step_logits, hidden = self.draft(shift_left(input_ids, 1 + j), hidden, position_ids + j, attend)

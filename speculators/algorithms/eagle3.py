@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from speculators.algorithms import Algorithm, register
-from speculators.format.config import Eagle3Config
+from speculators.format.config import FULL, SLIDING, Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
 
 
@@ -23,8 +23,28 @@ def _key_findings(config: dict[str, Any], severity: str) -> Iterator[str]:
     return (f.message for f in eagle3_key_findings(config, error, warning) if f.severity == severity)
 
 
+def _window_rules(config: dict[str, Any]) -> Iterator[str]:
+    """Sliding-window draft layers as vLLM reads them: ``layer_types[i]`` per draft layer (it asserts the list
+    covers every layer) and an integer ``sliding_window`` for the ``sliding_attention`` ones."""
+    layer = config.get("transformer_layer_config") or {}
+    types = layer.get("layer_types")
+    if types is None:
+        return
+    layers = layer.get("num_hidden_layers", 1)
+    if not isinstance(types, list) or len(types) != layers or not set(types) <= {SLIDING, FULL}:
+        yield (
+            f"transformer_layer_config.layer_types {types!r} must list {layers} entries of {SLIDING!r} or "
+            f"{FULL!r}, one per draft layer (vLLM indexes it by draft layer)"
+        )
+    elif SLIDING in types and not (
+        isinstance(layer.get("sliding_window"), int) and layer["sliding_window"] >= 1
+    ):
+        yield "sliding_attention layers need transformer_layer_config.sliding_window, a positive integer"
+
+
 def _config_rules(config: dict[str, Any]) -> Iterator[str]:
-    return _key_findings(config, "error")
+    yield from _key_findings(config, "error")
+    yield from _window_rules(config)
 
 
 def _config_warnings(config: dict[str, Any]) -> Iterator[str]:

@@ -149,12 +149,18 @@ class DraftCache:
 
     Columns before ``committed`` hold positions the verifier has confirmed (computed from verifier features, as in
     vLLM); columns after it are the current round's speculative entries, dropped by :meth:`rollback`.
+    ``windows[i]``: layer i's sliding window (None: full attention); a windowed layer's query at position p sees
+    only the columns whose position is above p - window, as vLLM masks ``sliding_attention`` draft layers.
     """
 
-    def __init__(self, num_layers: int, batch: int, device: torch.device) -> None:
+    def __init__(
+        self, num_layers: int, batch: int, device: torch.device, windows: list[int | None] | None = None
+    ) -> None:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
+        self.positions = torch.zeros(batch, 0, dtype=torch.long, device=device)
+        self.windows = list(windows or [None] * num_layers)
         self.committed = 0
 
     @property
@@ -162,17 +168,28 @@ class DraftCache:
         return int(self.valid.shape[1])
 
     def attend_fn(
-        self, visible: torch.Tensor, valid_new: torch.Tensor, dtype: torch.dtype
+        self,
+        visible: torch.Tensor,
+        valid_new: torch.Tensor,
+        dtype: torch.dtype,
+        positions_new: torch.Tensor | None = None,
     ) -> Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         """An ``attend`` callback for one draft forward of ``Q`` queries.
 
         ``visible[B, Q, L + Q]`` says which columns (cached, then new) each query sees; the new keys/values are
-        appended to the cache, with ``valid_new[B, Q]`` recording which of them are real.
+        appended to the cache, with ``valid_new[B, Q]`` recording which of them are real and ``positions_new[B, Q]``
+        their positions (needed only by windowed layers).
         """
-        mask = additive_mask(visible, dtype)
+        if positions_new is None:
+            positions_new = torch.zeros(valid_new.shape, dtype=torch.long, device=valid_new.device)
         self.valid = torch.cat([self.valid, valid_new], dim=1)
+        self.positions = torch.cat([self.positions, positions_new], dim=1)
+        masks = {
+            window: self._window_mask(visible, positions_new, window, dtype) for window in set(self.windows)
+        }
 
         def attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            mask = masks[self.windows[layer_idx]]
             if self.keys[layer_idx] is not None:
                 k = torch.cat([self.keys[layer_idx], k], dim=2)
                 v = torch.cat([self.values[layer_idx], v], dim=2)
@@ -182,6 +199,16 @@ class DraftCache:
             )
 
         return attend
+
+    def _window_mask(
+        self, visible: torch.Tensor, query_positions: torch.Tensor, window: int | None, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """``visible`` as an additive mask, narrowed to the columns inside ``window`` of each query's position
+        (each query keeps itself: its own column is at distance 0)."""
+        if window is not None:
+            inside = self.positions[:, None, :] > query_positions[:, :, None] - window
+            visible = visible & inside
+        return additive_mask(visible, dtype)
 
     def commit(self, columns: int | None = None) -> None:
         """Mark the first ``columns`` columns (default: all) as confirmed; later ones are speculative."""
@@ -193,8 +220,10 @@ class DraftCache:
         self.keys = [None if k is None else k[:, :, :keep] for k in self.keys]
         self.values = [None if v is None else v[:, :, :keep] for v in self.values]
         self.valid = self.valid[:, :keep]
+        self.positions = self.positions[:, :keep]
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.keys = [None if k is None else k[rows] for k in self.keys]
         self.values = [None if v is None else v[rows] for v in self.values]
         self.valid = self.valid[rows]
+        self.positions = self.positions[rows]

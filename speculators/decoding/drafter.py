@@ -50,7 +50,7 @@ class Drafter:
 
     def __init__(self, draft: Eagle3DraftModel, batch: int, device: torch.device) -> None:
         self.draft = draft
-        self.cache = DraftCache(draft.config.num_layers, batch, device)
+        self.cache = DraftCache(draft.config.num_layers, batch, device, draft.config.layer_windows)
         self.dtype = next(draft.parameters()).dtype
         self.vocab_size = draft.config.vocab_size
         self.target_ids = draft.draft_to_target(torch.arange(draft.config.draft_vocab_size, device=device))
@@ -78,7 +78,7 @@ class Drafter:
         valid_new: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         start = time.perf_counter()
-        attend = self.cache.attend_fn(visible, valid_new, self.dtype)
+        attend = self.cache.attend_fn(visible, valid_new, self.dtype, positions)
         logits, hidden = self.draft(tokens, hidden, positions, attend=attend)
         self.seconds += time.perf_counter() - start
         self.forwards += 1

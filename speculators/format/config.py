@@ -35,6 +35,10 @@ LAYER_KEYS_FROM_VERIFIER = (
     "pad_token_id",
 )
 SUPPORTED_LAYER_TYPES = ("llama", "qwen3")
+# transformer_layer_config.layer_types entries, as vLLM's EAGLE-3 draft layers read them (llama.py / qwen3_eagle3.py:
+# draft layer i is windowed iff layer_types[i] == "sliding_attention", with transformer_layer_config.sliding_window)
+SLIDING = "sliding_attention"
+FULL = "full_attention"
 DRAFT_ARCHITECTURE = "Eagle3Speculator"
 
 
@@ -122,6 +126,21 @@ class DraftConfig:
     def verifier_hidden_size(self) -> int:
         return int(self.target_hidden_size or self.hidden_size)
 
+    def layer_window(self, layer_idx: int) -> int | None:
+        """The sliding window of draft layer ``layer_idx`` (None: full attention), read as vLLM reads it: the layer
+        is windowed iff ``layer_types[layer_idx]`` is ``sliding_attention``; a query at position p then sees the
+        keys at positions p - window + 1 .. p (``window`` keys, itself included)."""
+        layer = self.transformer_layer_config
+        types = layer.get("layer_types") or []
+        if layer_idx < len(types) and types[layer_idx] == SLIDING:
+            return int(layer["sliding_window"])
+        return None
+
+    @property
+    def layer_windows(self) -> list[int | None]:
+        """:meth:`layer_window` of every draft layer (what the attention callbacks mask with)."""
+        return [self.layer_window(i) for i in range(self.num_layers)]
+
     # ---- serialisation -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -208,10 +227,13 @@ class Eagle3Config(DraftConfig):
         layer_type: str | None = None,
         norm_before_residual: bool = True,
         torch_dtype: str = "bfloat16",
+        sliding_window: int | None = None,
     ) -> Eagle3Config:
         """A draft config whose layer shape, heads and rope are copied from the verifier's HF config dict.
 
         Aux ids default to ``[2, L//2, L-3]`` in vLLM's convention (the residual stream *entering* layer k).
+        ``sliding_window``: every draft layer attends over that many positions (long-context drafts), written as
+        ``layer_types`` / ``sliding_window`` in ``transformer_layer_config``, the keys vLLM reads.
         """
         num_verifier_layers = int(verifier_config["num_hidden_layers"])
         if aux_layer_ids is None:
@@ -219,6 +241,8 @@ class Eagle3Config(DraftConfig):
         verifier_type = verifier_config.get("model_type", "llama")
         layer_type = layer_type or ("qwen3" if verifier_type.startswith("qwen3") else "llama")
         layer = draft_layer_config(verifier_config, layer_type, num_layers)
+        if sliding_window is not None:
+            layer.update(window_layout(sliding_window, num_layers))
         architectures = list(verifier_config.get("architectures") or ["LlamaForCausalLM"])
         return cls(
             transformer_layer_config=layer,
@@ -248,6 +272,18 @@ def draft_layer_config(verifier_config: dict[str, Any], layer_type: str, num_lay
     layer.setdefault("attention_bias", False)
     layer.update(model_type=layer_type, num_hidden_layers=num_layers, tie_word_embeddings=False)
     return layer
+
+
+def window_layout(window: int, num_layers: int) -> dict[str, Any]:
+    """The ``transformer_layer_config`` keys of an all-sliding EAGLE-3 draft (vLLM reads ``layer_types`` per draft
+    layer and ``sliding_window``; ``use_sliding_window`` is what transformers' Qwen configs gate windows on)."""
+    if int(window) < 1:
+        raise ValueError(f"sliding_window {window}: a window holds at least the query's own position")
+    return {
+        "layer_types": [SLIDING] * int(num_layers),
+        "sliding_window": int(window),
+        "use_sliding_window": True,
+    }
 
 
 def default_aux_layer_ids(num_verifier_layers: int) -> list[int]:

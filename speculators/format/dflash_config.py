@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from speculators import __version__
 from speculators.format.config import (
+    SLIDING,
     DraftConfig,
     ProposalMethod,
     SpeculatorsConfig,
@@ -31,8 +32,6 @@ from speculators.format.config import (
     default_aux_layer_ids,
     draft_layer_config,
 )
-
-SLIDING = "sliding_attention"
 
 
 @dataclass

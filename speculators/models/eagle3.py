@@ -24,7 +24,13 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from speculators.format.config import Eagle3Config
 from speculators.models.draft import DraftModel
-from speculators.models.layers import AttendFn, DraftAttention, bind_layer, causal_attend, hf_layer_config
+from speculators.models.layers import (
+    AttendFn,
+    DraftAttention,
+    bind_layer,
+    hf_layer_config,
+    sliding_causal_attend,
+)
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -120,7 +126,7 @@ class Eagle3DraftModel(DraftModel):
 
         ``input_ids[t]`` is the token after the one whose feature is ``hidden[t]`` (EAGLE's one-token shift).
         """
-        attend = attend or causal_attend
+        attend = attend or sliding_causal_attend(self.config.layer_windows)
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         cos, sin = self.rotary_emb(embeds, position_ids)
         residual = None

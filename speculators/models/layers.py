@@ -25,6 +25,25 @@ def causal_attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
 
 
+def sliding_causal_attend(windows: list[int | None]) -> AttendFn:
+    """Plain causal attention over the given (contiguous) positions where layer ``i`` sees only its last
+    ``windows[i]`` positions (None: all of them), as vLLM runs ``sliding_attention`` draft layers."""
+    if not any(windows):
+        return causal_attend
+
+    def attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        window = windows[layer_idx] if layer_idx < len(windows) else None
+        if window is None:
+            return causal_attend(layer_idx, q, k, v)
+        offset = k.shape[2] - q.shape[2]  # the queries are the last positions
+        query = offset + torch.arange(q.shape[2], device=q.device)
+        distance = query[:, None] - torch.arange(k.shape[2], device=q.device)[None]
+        mask = (distance >= 0) & (distance < window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+    return attend
+
+
 def bind_layer(attend: AttendFn, layer_idx: int) -> Callable[..., torch.Tensor]:
     """``attend`` with its layer index fixed (what one layer's attention module calls)."""
 
@@ -117,6 +136,7 @@ __all__ = [
     "DraftAttention",
     "bind_layer",
     "causal_attend",
+    "sliding_causal_attend",
     "hf_layer_config",
     "rotate",
 ]

@@ -26,7 +26,7 @@ import torch
 
 from speculators.decoding.engine import DecodingConfig, SpeculativeDecoder
 from speculators.export import convert_checkpoint
-from speculators.format.config import Eagle3Config, default_aux_layer_ids
+from speculators.format.config import Eagle3Config, default_aux_layer_ids, window_layout
 from speculators.models import Eagle3DraftModel
 from speculators.serving import vllm_bridge as bridge
 from tests.conftest import require_consumer
@@ -76,8 +76,15 @@ def chat_prompts(tokenizer) -> list[list[int]]:
     return prompts
 
 
-def fit(verifier_dir: Path, prompts: list[list[int]], norm_before_residual: bool, steps: int) -> Fitted:
-    """A draft fitted on the verifier's greedy continuations of ``prompts``, and what our engine measures of it."""
+def fit(
+    verifier_dir: Path,
+    prompts: list[list[int]],
+    norm_before_residual: bool,
+    steps: int,
+    sliding_window: int | None = None,
+) -> Fitted:
+    """A draft fitted on the verifier's greedy continuations of ``prompts``, and what our engine measures of it;
+    with ``sliding_window``, its layer attends over that many positions, in training and decoding alike."""
     from transformers import AutoModelForCausalLM
 
     verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
@@ -86,10 +93,14 @@ def fit(verifier_dir: Path, prompts: list[list[int]], norm_before_residual: bool
     vocab_size = verifier.config.vocab_size
     vocab = quickfit.draft_vocabulary(data, vocab_size, min(DRAFT_VOCAB, vocab_size))
     draft = quickfit.init_draft(verifier, str(verifier_dir), vocab, aux_ids)
-    if draft.config.norm_before_residual != norm_before_residual:  # same start, the other layer-0 residual
+    if (
+        draft.config.norm_before_residual != norm_before_residual or sliding_window
+    ):  # same start, other layout
         config = Eagle3Config.from_dict(
             {**draft.config.to_dict(), "norm_before_residual": norm_before_residual}
         )
+        if sliding_window:
+            config.transformer_layer_config.update(window_layout(sliding_window, config.num_layers))
         rebuilt = Eagle3DraftModel(config)
         rebuilt.load_state_dict(draft.state_dict())
         draft = rebuilt

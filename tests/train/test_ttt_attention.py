@@ -123,12 +123,17 @@ def tiny_draft(num_layers: int = 2):
 
 
 @pytest.mark.filterwarnings("ignore:.*flex_attention.*:UserWarning")
-def test_unrolled_draft_is_the_same_with_every_backend():
+@pytest.mark.parametrize("window", [None, 5])
+def test_unrolled_draft_is_the_same_with_every_backend(window):
     """The whole TTT unroll of a 2-layer draft over a packed batch: chunked == dense (values and grads), and the
-    flex path (forward, as evaluation runs it) == dense."""
+    flex path (forward, as evaluation runs it) == dense; also with layer 0 windowed and layer 1 full."""
+    from speculators.format.config import FULL, SLIDING
     from train.unroll import TTTDraft
 
     draft = tiny_draft()
+    if window is not None:
+        draft.config.transformer_layer_config.update(layer_types=[SLIDING, FULL], sliding_window=window)
+        assert draft.config.layer_windows == [window, None]
     length = 24
     doc = packed_document_ids([[10, 14], [20]], length)
     gen = torch.Generator().manual_seed(3)
