@@ -43,6 +43,7 @@ from data_gen.store import (
     remove_stale_temporaries,
     write_shard,
 )
+from speculators import families
 from speculators.atomic import atomic_write_json, atomic_write_text
 from speculators.verifier import load_verifier, resolve_dtype, resolve_verifier_path
 from speculators.vocab import tokenizer_fingerprint
@@ -171,14 +172,16 @@ def load_verifier_side(
 
     path = resolve_verifier_path(str(verifier["name_or_path"]))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    masker = ChatMasker(tokenizer, data.turn_mode, data.chat_template)
     hf_config = AutoConfig.from_pretrained(path)
-    aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), int(hf_config.num_hidden_layers))
+    family = families.of_config(hf_config)  # layout, layer count and chat format of a wrapper (text_config)
+    masker = ChatMasker(tokenizer, data.turn_mode, data.chat_template, family.chat)
+    text = family.flat_config(hf_config.to_dict())
+    aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), int(text["num_hidden_layers"]))
     # vLLM regeneration owns the GPU while it runs: the HF verifier waits on the CPU (in its GPU dtype) until then
     dtype = resolve_dtype(verifier.get("dtype", "auto"), device)
     model, _ = load_verifier(path, dtype, torch.device("cpu") if park_on_cpu else device)
     capture = FeatureCapture(model, aux_ids, out_dtype=None)
-    vocab_size = int(hf_config.vocab_size)
+    vocab_size = int(text["vocab_size"])
     if len(tokenizer) > vocab_size:
         raise ValueError(
             f"the tokenizer has {len(tokenizer)} tokens but the verifier's vocab_size is {vocab_size}; "
