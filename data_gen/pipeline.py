@@ -223,9 +223,9 @@ def shard_header(
     return {
         "aux_layer_ids": side.aux_layer_ids,
         "layer_convention": LAYER_CONVENTION,
-        "num_hidden_layers": int(side.hf_config.num_hidden_layers),
-        "hidden_size": int(side.hf_config.hidden_size),
-        "vocab_size": int(side.hf_config.vocab_size),
+        "num_hidden_layers": side.capture.num_layers,  # read via the family (a wrapper keeps them in text_config)
+        "hidden_size": side.capture.hidden_size,
+        "vocab_size": int(families.flat_config(side.hf_config.to_dict())["vocab_size"]),
         "storage_dtype": identity["storage_dtype"],
         "verifier": {
             "name_or_path": name_or_path,
