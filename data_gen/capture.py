@@ -24,7 +24,13 @@ import torch
 from torch import nn
 
 from speculators.format.config import default_aux_layer_ids
-from speculators.verifier import capture_aux_states, check_aux_layer_ids, decoder_layers, final_norm
+from speculators.verifier import (
+    capture_aux_states,
+    check_aux_layer_ids,
+    decoder_layers,
+    decoder_stack,
+    final_norm,
+)
 
 LAYER_CONVENTION = "vllm: residual stream entering layer k"
 
@@ -41,8 +47,9 @@ def resolve_aux_layer_ids(aux_layer_ids: Sequence[int] | None, num_layers: int) 
 
 
 def base_model(model: nn.Module) -> nn.Module:
-    """The decoder stack without the lm_head (``model.model`` for HF causal LMs)."""
-    return getattr(model, "model", model)
+    """The decoder stack without the lm_head (``model.model`` for HF causal LMs, ``model.model.language_model``
+    for the wrappers its family declares)."""
+    return decoder_stack(model)
 
 
 class FeatureCapture:

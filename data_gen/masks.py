@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.sources import Conversation
+from speculators.families import ChatFormat
 
 TURN_MODES = ("auto", "whole", "per_turn")
 GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
@@ -82,7 +83,13 @@ def load_chat_template(tokenizer: Any, override: str | None = None) -> str:
 class ChatMasker:
     """Tokenises conversations with the verifier's chat template and marks the assistant tokens."""
 
-    def __init__(self, tokenizer: Any, turn_mode: str = "auto", chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        turn_mode: str = "auto",
+        chat_template: str | None = None,
+        chat: ChatFormat | None = None,
+    ) -> None:
         if turn_mode not in TURN_MODES:
             raise ValueError(f"data.turn_mode={turn_mode!r}; use one of {TURN_MODES}")
         requested = turn_mode
@@ -96,8 +103,14 @@ class ChatMasker:
         for token, index in zip(tokenizer.all_special_tokens, tokenizer.all_special_ids, strict=False):
             self.special_tokens.setdefault(token, index)
         self.special_ids = set(self.special_tokens.values())
+        self.chat = chat or ChatFormat()  # the verifier family's chat format (speculators/families)
+        vocab = tokenizer.get_vocab()
+        self.declared_eot_ids = {vocab[token] for token in self.chat.end_of_turn if token in vocab}
         self.uses_generation_tags = bool(GENERATION_TAG.search(self.template))
         self.eot_id = self._probe_end_of_turn()
+        # every token that ends an assistant turn: the family's (harmony ends the last answer with <|return|>,
+        # the ones in history with <|end|>), else the one the probe found
+        self.eot_ids = self.declared_eot_ids or {self.eot_id}
         self.prefix_stable = self._is_prefix_stable(PROBE)
         if turn_mode == "auto":
             turn_mode = "whole" if self.prefix_stable or self.uses_generation_tags else "per_turn"
@@ -145,7 +158,7 @@ class ChatMasker:
     def _probe_end_of_turn(self) -> int:
         first = PROBE[:1]
         prompt = self.render(first, True)
-        if prompt == self.render(first, False):
+        if prompt == self.render(first, False) and not self.chat.prompt_ends_user_turn:
             raise TemplateError(
                 "the chat template ignores add_generation_prompt, so the start of an assistant turn cannot be "
                 "located; fix the template (it must emit the assistant header when add_generation_prompt is set)"
@@ -163,7 +176,8 @@ class ChatMasker:
                 "the end of the chat template's generation prompt falls inside a token of the rendered turn, so "
                 "the first assistant token is ambiguous; fix the template or give data.chat_template"
             )
-        eot = next((token for token in ids[start:] if token in self.special_ids), None)
+        ends = self.declared_eot_ids or self.special_ids  # harmony's <|channel|> is special but no turn end
+        eot = next((token for token in ids[start:] if token in ends), None)
         if eot is None:
             raise TemplateError(
                 "the chat template ends assistant turns without a special end-of-turn token, so the mask could "
@@ -233,11 +247,16 @@ class ChatMasker:
                 "boundary_inside_token",
                 f"{where}: the first assistant token merges with the template's header; cannot mask it reliably",
             )
+        # the LAST end-of-turn token inside the turn: one for most templates, but a harmony answer carries its
+        # analysis message (<|end|>) before the final one (<|return|>), and the model writes both
+        ends = []
         for position in range(start, len(ids)):
             if offsets[position][0] >= answer_chars:
                 break
-            if ids[position] == self.eot_id:
-                return start, position
+            if ids[position] in self.eot_ids:
+                ends.append(position)
+        if ends:
+            return start, ends[-1]
         raise MaskingError(
             "no_end_of_turn", f"{where}: an assistant turn has no {self.eot_token!r} where it ends"
         )
@@ -252,7 +271,7 @@ class ChatMasker:
         )
         ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
         for position in range(len(ids) - 1):  # a span the template closed before the end-of-turn token
-            if mask[position] == 1 and mask[position + 1] == 0 and ids[position + 1] == self.eot_id:
+            if mask[position] == 1 and mask[position + 1] == 0 and ids[position + 1] in self.eot_ids:
                 mask[position + 1] = 1
         if not any(mask):
             raise MaskingError(
@@ -268,7 +287,7 @@ class ChatMasker:
         answers = [m for m in conversation.messages if m["role"] == "assistant"]
         ends = [p for p in range(len(mask)) if mask[p] and (p + 1 == len(mask) or not mask[p + 1])]
         for message, end in zip(answers, ends, strict=False):
-            if message.get("truncated") and ids[end] == self.eot_id:
+            if message.get("truncated") and ids[end] in self.eot_ids:
                 mask[end] = 0
 
     def _encode_whole(self, conversation: Conversation, max_length: int) -> EncodedSample:

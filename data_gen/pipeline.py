@@ -50,6 +50,7 @@ from data_gen.store import (
     remove_stale_temporaries,
     write_shard,
 )
+from speculators import families
 from speculators.atomic import atomic_write_json, atomic_write_text
 from speculators.verifier import load_verifier, resolve_dtype, resolve_verifier_path
 from speculators.vocab import tokenizer_fingerprint
@@ -182,17 +183,19 @@ def load_verifier_side(
 
     path = resolve_verifier_path(str(verifier["name_or_path"]))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    masker = ChatMasker(tokenizer, data.turn_mode, data.chat_template)
     hf_config = AutoConfig.from_pretrained(path)
-    aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), int(hf_config.num_hidden_layers))
+    family = families.of_config(hf_config)  # layout, layer count and chat format of a wrapper (text_config)
+    masker = ChatMasker(tokenizer, data.turn_mode, data.chat_template, family.chat)
+    text = family.flat_config(hf_config.to_dict())
+    aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), int(text["num_hidden_layers"]))
     # vLLM regeneration owns the GPU while it runs: the HF verifier waits on the CPU (in its GPU dtype) until then
     dtype = resolve_dtype(verifier.get("dtype", "auto"), device)
     model, _ = load_verifier(path, dtype, torch.device("cpu") if verifier_waits_on_cpu(gen) else device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else masker.eot_id
     handle = VerifierHandle(
-        model, path, aux_ids, int(hf_config.num_hidden_layers), pad_id, gen.batch_size, data.max_length
+        model, path, aux_ids, int(text["num_hidden_layers"]), pad_id, gen.batch_size, data.max_length
     )
-    vocab_size = int(hf_config.vocab_size)
+    vocab_size = int(text["vocab_size"])
     if len(tokenizer) > vocab_size:
         raise ValueError(
             f"the tokenizer has {len(tokenizer)} tokens but the verifier's vocab_size is {vocab_size}; "
@@ -232,12 +235,14 @@ def shard_header(
     report: dict[str, Any],
 ) -> dict[str, Any]:
     """What every split's manifest records about the features (the trainer's contract, see ``data_gen.store``)."""
+    text = families.flat_config(side.hf_config.to_dict())
     return {
         "aux_layer_ids": side.aux_layer_ids,
         "layer_convention": LAYER_CONVENTION,
-        "num_hidden_layers": int(side.hf_config.num_hidden_layers),
-        "hidden_size": int(side.hf_config.hidden_size),
-        "vocab_size": int(side.hf_config.vocab_size),
+        # read via the family: a wrapper (Gemma 4, Mistral 3) keeps them in text_config
+        "num_hidden_layers": int(text["num_hidden_layers"]),
+        "hidden_size": int(text["hidden_size"]),
+        "vocab_size": int(text["vocab_size"]),
         "storage_dtype": identity["storage_dtype"],
         "verifier": {
             "name_or_path": name_or_path,

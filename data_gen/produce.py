@@ -70,9 +70,8 @@ class Producer:
         config = run["recipe"]
         data, gen = DataSettings.from_mapping(config["data"]), GenSettings.from_mapping(config["data_gen"])
         self.gen, self.timeout_s = gen, float(run["producer_timeout_s"])
-        side = load_verifier_side(
-            dict(config["verifier"]), data, torch.device(self.device), park_on_cpu=False
-        )
+        side = load_verifier_side(dict(config["verifier"]), data, torch.device(self.device), gen)
+        side.capture.move_to(self.device)  # streamed modes refuse regeneration: nothing else wants the device
         self.capture = side.capture
         tokenizer = side.tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else side.masker.eot_id
@@ -219,7 +218,7 @@ class Producer:
         name = job.item.name
         self.doing = f"capturing {name} ({len(encoded)} samples)"
         started = time.time()
-        samples = capture_samples(self.capture, encoded, self.gen.batch_size, self.pad_id)
+        samples = capture_samples(self.capture, encoded)
         partial = self.spool.partial / f"{name}.{self.name}"
         shutil.rmtree(partial, ignore_errors=True)
         num_aux = len(self.capture.aux_layer_ids)

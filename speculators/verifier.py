@@ -140,40 +140,48 @@ def load_verifier(
     name_or_path: str, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, Any]:
     """``(model, tokenizer)`` of a causal LM in eval mode; ``name_or_path`` may be a hub id, a dir or ``smollm2``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
+
+    from speculators import families
 
     path = resolve_verifier_path(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_dtype(dtype, device), attn_implementation="sdpa"
-    ).to(device)
-    model.eval().requires_grad_(False)
+    family = families.of_config(AutoConfig.from_pretrained(path))  # its loader class and attention
+    model = family.load(path, resolve_dtype(dtype, device), device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 
 
 def verifier_config_dict(name_or_path: str) -> dict[str, Any]:
-    """The verifier's HF config as a dict (read without loading weights)."""
+    """The verifier's HF config as one flat dict (read without loading weights): a wrapper's ``text_config``
+    settings at the top level, as its family declares (:meth:`speculators.families.Family.flat_config`)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(resolve_verifier_path(name_or_path)).to_dict()
+    from speculators import families
+
+    return families.flat_config(AutoConfig.from_pretrained(resolve_verifier_path(name_or_path)).to_dict())
 
 
 # ---- aux hidden-state capture ------------------------------------------------------------------------------
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of an HF causal LM (``model.model.layers`` for Llama/Qwen/Mistral-style models)."""
-    inner = getattr(model, "model", model)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise TypeError(f"{type(model).__name__}: cannot find decoder layers (expected model.model.layers)")
-    return layers
+    """The decoder layers of an HF causal LM, where its family declares them (``model.model.layers``, or
+    ``model.model.language_model.layers`` for a wrapper such as Gemma 4 or Mistral 3)."""
+    from speculators import families
+
+    return families.of_model(model).layers(model)
 
 
 def final_norm(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "model", model)
-    norm = getattr(inner, "norm", None)
-    if norm is None:
-        raise TypeError(f"{type(model).__name__}: cannot find the final norm (expected model.model.norm)")
-    return norm
+    """The final norm of an HF causal LM, where its family declares it."""
+    from speculators import families
+
+    return families.of_model(model).final_norm(model)
+
+
+def decoder_stack(model: nn.Module) -> nn.Module:
+    """The decoder stack (embeddings, layers, final norm) without lm_head or vision tower: what capture runs."""
+    from speculators import families
+
+    return families.of_model(model).stack(model)
 
 
 def check_aux_layer_ids(layer_ids: Sequence[int], num_layers: int) -> None:
@@ -264,7 +272,7 @@ VERIFIER_EMBEDDING_NAMES = (
 )
 
 
-NORM_NAMES = ("model.norm.weight",)
+NORM_NAMES = ("model.norm.weight",)  # a Llama-style verifier's; families.Family.tensor_names for any other
 LM_HEAD_NAMES = ("lm_head.weight",)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset
 
+from speculators import families
 from train.data import MicroBatch, eval_groups, pack_documents, truncated_document
 from train.settings import LoopSettings, TrainSettings
 from train.targets import TargetHead
@@ -214,7 +215,8 @@ class OnlineFeatures(FeatureSource):
         wanted = list(verifier.aux_layer_ids) if verifier.aux_layer_ids is not None else None
         self.capture = FeatureCapture(self.verifier, wanted, out_dtype=None)
         self.aux_layer_ids = self.capture.aux_layer_ids
-        train_samples, heldout_samples = encode_conversations(settings.data, tokenizer)
+        chat = families.of_model(self.verifier).chat
+        train_samples, heldout_samples = encode_conversations(settings.data, tokenizer, chat)
         self.train_set = TokenDataset(train_samples)
         self.heldout_set = TokenDataset(heldout_samples) if heldout_samples else None
         self.counts = self.train_set.token_counts(int(verifier_config["vocab_size"]))
@@ -293,7 +295,9 @@ class TokenDataset(Dataset):
         return counts
 
 
-def encode_conversations(data: dict[str, Any], tokenizer: Any) -> tuple[list[Any], list[Any]]:
+def encode_conversations(
+    data: dict[str, Any], tokenizer: Any, chat: families.ChatFormat | None = None
+) -> tuple[list[Any], list[Any]]:
     """Online mode: the recipe's conversations (its ``data`` group), split and masked exactly as data_gen does."""
     from data_gen.masks import ChatMasker
     from data_gen.pipeline import encode_conversations as encode
@@ -302,7 +306,7 @@ def encode_conversations(data: dict[str, Any], tokenizer: Any) -> tuple[list[Any
     settings = DataSettings.from_mapping(dict(data))
     conversations, _ = load_conversations(settings)
     train, heldout = split_conversations(conversations, settings.heldout_fraction, settings.seed)
-    masker = ChatMasker(tokenizer, settings.turn_mode, settings.chat_template)
+    masker = ChatMasker(tokenizer, settings.turn_mode, settings.chat_template, chat)
     return encode(masker, train, settings)[0], encode(masker, heldout, settings)[0]
 
 

@@ -13,28 +13,33 @@ The targets a step needs are
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from speculators.verifier import (
-    LM_HEAD_NAMES,
-    NORM_NAMES,
-    VERIFIER_EMBEDDING_NAMES,
-    final_norm,
-    read_verifier_tensors,
-)
+from speculators import families
+from speculators.verifier import LM_HEAD_NAMES, VERIFIER_EMBEDDING_NAMES, read_verifier_tensors
 
 
 class TargetHead(nn.Module):
     """Frozen verifier final norm + lm_head, mapped onto the draft vocabulary (``target_ids`` = verifier ids)."""
 
     def __init__(
-        self, norm_weight: torch.Tensor, lm_head_weight: torch.Tensor, eps: float, target_ids: torch.Tensor
+        self,
+        norm_weight: torch.Tensor,
+        lm_head_weight: torch.Tensor,
+        eps: float,
+        target_ids: torch.Tensor,
+        logits_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         super().__init__()
+        # the family's head transform (Granite's 1/logits_scaling, Gemma's soft cap): monotonic, so the argmax
+        # is the raw product's, but the soft targets must be the verifier's own distribution
+        self.logits_of = logits_of
         self.norm = LlamaRMSNorm(norm_weight.shape[0], eps=eps)
         self.norm.weight.data.copy_(norm_weight)
         self.register_buffer("weight", lm_head_weight.detach().clone(), persistent=False)
@@ -51,25 +56,32 @@ class TargetHead(nn.Module):
         cls, name_or_path: str, verifier_config: dict[str, Any], target_ids: torch.Tensor
     ) -> TargetHead:
         """Load just the final norm and lm_head (or the tied embedding) of a verifier."""
-        tied = bool(verifier_config.get("tie_word_embeddings", False))
+        family = families.of_config(verifier_config)
+        text = family.text_config(verifier_config)
+        norm_names = family.tensor_names("norm.weight")
+        tied = bool(verifier_config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
         # tied: the embedding is the head; untied but no lm_head stored: fall back to the embedding
         head_names = VERIFIER_EMBEDDING_NAMES if tied else LM_HEAD_NAMES + VERIFIER_EMBEDDING_NAMES
-        tensors = read_verifier_tensors(name_or_path, {"norm": NORM_NAMES, "lm_head": head_names})
+        tensors = read_verifier_tensors(name_or_path, {"norm": norm_names, "lm_head": head_names})
         lm_head = tensors.get("lm_head")
         if "norm" not in tensors or lm_head is None:
             raise KeyError(
-                f"{name_or_path}: could not find {NORM_NAMES[0]} and {LM_HEAD_NAMES[0]} (or a tied "
-                f"{VERIFIER_EMBEDDING_NAMES[0]}) in its weight files; is it a Llama/Qwen-style causal LM?"
+                f"{name_or_path}: could not find {norm_names[0]} and {LM_HEAD_NAMES[0]} (or a tied "
+                f"{VERIFIER_EMBEDDING_NAMES[0]}) in its weight files; is it a {family.display_name} causal LM?"
             )
-        eps = float(verifier_config.get("rms_norm_eps", 1e-6))
-        return cls(tensors["norm"].float(), lm_head.float(), eps, target_ids)
+        eps = float(text.get("rms_norm_eps", 1e-6))
+        norm = tensors["norm"].float() + family.norm_offset
+        return cls(norm, lm_head.float(), eps, target_ids, _head_transform(family, verifier_config))
 
     @classmethod
     def from_model(cls, model: nn.Module, target_ids: torch.Tensor) -> TargetHead:
         """The head of a loaded verifier (online training)."""
-        norm = final_norm(model)
+        family = families.of_model(model)
+        norm = family.final_norm(model)
         eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-        return cls(norm.weight.detach().float(), model.lm_head.weight.detach().float(), eps, target_ids)
+        weight = norm.weight.detach().float() + family.norm_offset
+        transform = _head_transform(family, model.config.to_dict())
+        return cls(weight, model.lm_head.weight.detach().float(), eps, target_ids, transform)
 
     def normed(self, last_hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(last_hidden.to(self.norm.weight.dtype))
@@ -77,7 +89,8 @@ class TargetHead(nn.Module):
     @torch.no_grad()
     def draft_logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         """Verifier logits over the draft vocabulary, float32 ``[..., draft V]``."""
-        return (self.normed(last_hidden) @ self.draft_weight.T).float()
+        logits = (self.normed(last_hidden) @ self.draft_weight.T).float()
+        return logits if self.logits_of is None else self.logits_of(logits)
 
     @torch.no_grad()
     def argmax(self, last_hidden: torch.Tensor, max_elements: int = 1 << 26) -> torch.Tensor:
@@ -91,6 +104,16 @@ class TargetHead(nn.Module):
             else (torch.zeros(0, dtype=torch.long, device=flat.device))
         )
         return out.view(normed.shape[:-1])
+
+
+def _head_transform(
+    family: families.Family, verifier_config: dict[str, Any]
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The family's logit transform bound to this verifier's config, or None when it is the identity."""
+    probe = torch.tensor([1.0, -2.0])
+    if torch.equal(family.logits(probe, verifier_config), probe):
+        return None
+    return partial(family.logits, config=verifier_config)
 
 
 @torch.no_grad()

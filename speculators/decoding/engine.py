@@ -60,6 +60,12 @@ class DecodingConfig:
     def max_depth(self) -> int:
         return self.num_speculative_tokens if self.method == "chain" else self.tree_depth
 
+    def max_cache_columns(self, prompt_width: int) -> int:
+        """An upper bound on the verifier cache's columns: the prompt, then per step the verified tokens, the
+        rejected ones included (they stay in the cache, masked)."""
+        per_step = (self.num_speculative_tokens if self.method == "chain" else self.tree_budget) + 1
+        return prompt_width + (self.max_new_tokens + 1) * per_step
+
 
 @dataclass
 class GenerationResult:
@@ -84,8 +90,9 @@ class VerifierRunner:
         aux_layer_ids: Sequence[int] = (),
         lean: bool = True,
         packed: bool | None = None,
+        max_columns: int | None = None,
     ) -> None:
-        check_supported(model)
+        check_supported(model, max_columns)
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -158,14 +165,20 @@ class VerifierRunner:
         return self.forward(ids, positions, local, valid, last_only=True), ids, valid
 
 
-def check_supported(model: nn.Module) -> None:
+def check_supported(model: nn.Module, max_columns: int | None = None) -> None:
     """Refuse verifiers whose cache we cannot steer: sliding-window layers crop their own cache, which breaks the
-    per-row column layout and the tree masks."""
+    per-row column layout and the tree masks. A window wider than the cache can ever grow (``max_columns``) never
+    crops, and such layers attend like full ones. The settings are read via the verifier's family (a wrapper keeps
+    them in ``text_config``)."""
+    from speculators import families
+
     config = getattr(model, "config", None)
-    layer_types = getattr(config, "layer_types", None) or []
-    sliding = any("sliding" in str(t) for t in layer_types) or (
-        getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", False)
-    )
+    settings = families.flat_config(config.to_dict()) if config is not None else {}
+    layer_types = settings.get("layer_types") or []
+    window = settings.get("sliding_window")
+    sliding = any("sliding" in str(t) for t in layer_types) or (window and settings.get("use_sliding_window"))
+    if sliding and window and max_columns is not None and int(window) >= max_columns:
+        return
     if sliding:
         raise ValueError(
             f"{type(model).__name__} uses sliding-window attention, which this engine does not support "
@@ -230,7 +243,8 @@ def plain_generate(
 ) -> GenerationResult:
     """Token-by-token decoding with a KV cache: the baseline for identity tests and speedups."""
     start = time.perf_counter()
-    runner = VerifierRunner(verifier, len(prompts))
+    columns = max((len(p) for p in prompts), default=0) + max_new_tokens + 1  # one column per token
+    runner = VerifierRunner(verifier, len(prompts), max_columns=columns)
     outputs = _Outputs(len(prompts), max_new_tokens, eos_token_ids)
     logits, _, valid = runner.prefill(prompts)
     token = _pick(logits[:, -1], temperature, top_p, generator)
@@ -313,7 +327,8 @@ class SpeculativeDecoder:
     ) -> GenerationResult:
         cfg = self.config
         start = time.perf_counter()
-        runner = VerifierRunner(self.verifier, len(prompts), self.aux_layer_ids)
+        columns = cfg.max_cache_columns(max((len(p) for p in prompts), default=0))
+        runner = VerifierRunner(self.verifier, len(prompts), self.aux_layer_ids, max_columns=columns)
         drafter = self.drafter_class(self.draft, len(prompts), runner.device)
         outputs = _Outputs(len(prompts), cfg.max_new_tokens, eos_token_ids)
         logits, ids, valid = runner.prefill(prompts)

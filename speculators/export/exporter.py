@@ -43,14 +43,20 @@ class ExportResult:
 
 
 def load_verifier_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
-    """``(resolved name_or_path, HF config dict)``; local directories are read as they are stored."""
+    """``(resolved name_or_path, HF config dict)``, read as the verifier's family declares: a wrapper's
+    ``text_config`` at the top level and a per-attention-type rope narrowed to the one its drafts copy
+    (:meth:`speculators.families.Family.layer_source`), so conversion and validation see the draft's view."""
+    from speculators import families
+
     path = resolve_verifier_path(name_or_path)
     if Path(path, "config.json").is_file():
-        return str(Path(path).resolve()), read_config(path)
+        config = read_config(path)
+        return str(Path(path).resolve()), families.of_config(config).layer_source(config)
     from speculators.verifier import verifier_config_dict
 
     try:
-        return path, verifier_config_dict(path)
+        config = verifier_config_dict(path)
+        return path, families.of_config(config).layer_source(config)
     except OSError as exc:
         raise FileNotFoundError(
             f"cannot read the verifier config of {name_or_path!r} ({exc}); pass a local directory with --verifier"

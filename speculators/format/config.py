@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from speculators import __version__
+from speculators import __version__, families
 from speculators.format.checkpoint import read_config
 
 # Keys of the verifier's HF config that the draft layer must copy so that positions are encoded identically.
@@ -34,7 +34,7 @@ LAYER_KEYS_FROM_VERIFIER = (
     "eos_token_id",
     "pad_token_id",
 )
-SUPPORTED_LAYER_TYPES = ("llama", "qwen3")
+SUPPORTED_LAYER_TYPES = families.DRAFT_LAYER_TYPES  # what vLLM's speculators loader builds
 # transformer_layer_config.layer_types entries, as vLLM's EAGLE-3 draft layers read them (llama.py / qwen3_eagle3.py:
 # draft layer i is windowed iff layer_types[i] == "sliding_attention", with transformer_layer_config.sliding_window)
 SLIDING = "sliding_attention"
@@ -235,11 +235,10 @@ class Eagle3Config(DraftConfig):
         ``sliding_window``: every draft layer attends over that many positions (long-context drafts), written as
         ``layer_types`` / ``sliding_window`` in ``transformer_layer_config``, the keys vLLM reads.
         """
-        num_verifier_layers = int(verifier_config["num_hidden_layers"])
+        family = families.of_config(verifier_config)
         if aux_layer_ids is None:
-            aux_layer_ids = default_aux_layer_ids(num_verifier_layers)
-        verifier_type = verifier_config.get("model_type", "llama")
-        layer_type = layer_type or ("qwen3" if verifier_type.startswith("qwen3") else "llama")
+            aux_layer_ids = family.default_aux_layer_ids(verifier_config)
+        layer_type = layer_type or family.draft_layer_type
         layer = draft_layer_config(verifier_config, layer_type, num_layers)
         if sliding_window is not None:
             layer.update(window_layout(sliding_window, num_layers))
@@ -264,8 +263,9 @@ def draft_layer_config(verifier_config: dict[str, Any], layer_type: str, num_lay
         raise ValueError(
             f"draft layer type {layer_type!r} is not servable; use one of {SUPPORTED_LAYER_TYPES}"
         )
-    layer = {k: verifier_config[k] for k in LAYER_KEYS_FROM_VERIFIER if verifier_config.get(k) is not None}
-    layer.update(rope_settings(verifier_config))
+    source = families.of_config(verifier_config).layer_source(verifier_config)
+    layer = {k: source[k] for k in LAYER_KEYS_FROM_VERIFIER if source.get(k) is not None}
+    layer.update(rope_settings(source))
     layer.setdefault("head_dim", layer["hidden_size"] // layer["num_attention_heads"])
     layer.setdefault("num_key_value_heads", layer["num_attention_heads"])
     layer.setdefault("hidden_act", "silu")

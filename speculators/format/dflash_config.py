@@ -22,14 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from speculators import __version__
+from speculators import __version__, families
 from speculators.format.config import (
     SLIDING,
     DraftConfig,
     ProposalMethod,
     SpeculatorsConfig,
     VerifierRef,
-    default_aux_layer_ids,
     draft_layer_config,
 )
 
@@ -120,7 +119,7 @@ class DFlashConfig(DraftConfig):
             raise ValueError(
                 f"mask_token_id {mask_token_id} is outside the verifier vocabulary ({layer['vocab_size']})"
             )
-        ids = aux_layer_ids or default_aux_layer_ids(int(verifier_config["num_hidden_layers"]))
+        ids = aux_layer_ids or families.of_config(verifier_config).default_aux_layer_ids(verifier_config)
         architectures = list(verifier_config.get("architectures") or ["LlamaForCausalLM"])
         config = cls(
             transformer_layer_config=layer,

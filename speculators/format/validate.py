@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from speculators import families
 from speculators.format.checkpoint import load_tensors, weight_files
 from speculators.format.config import DRAFT_ARCHITECTURE, SUPPORTED_LAYER_TYPES
 
@@ -328,6 +329,11 @@ def _verifier_findings(config: dict[str, Any], verifier: dict[str, Any], where: 
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
         return
+    family = families.of_config(verifier)
+    verifier = family.layer_source(
+        verifier
+    )  # a wrapper's text_config (Gemma 4, Mistral 3), read via its family
+    yield from _family_findings(config, layer, family, where)
     if "vocab_size" in verifier and layer.get("vocab_size") != verifier["vocab_size"]:
         yield Finding(
             "error",
@@ -363,6 +369,20 @@ def _verifier_findings(config: dict[str, Any], verifier: dict[str, Any], where: 
             "error",
             where,
             "the verifier uses rope scaling but transformer_layer_config has none; copy the verifier's rope_scaling",
+        )
+
+
+def _family_findings(
+    config: dict[str, Any], layer: dict[str, Any], family: families.Family, where: str
+) -> Iterator[Finding]:
+    """What the verifier's family says about this draft: an undeclared family is read Llama-style (said, so a
+    wrong layout shows up as a warning, not as silently wrong features)."""
+    if not family.declared:
+        yield Finding(
+            "warning",
+            where,
+            f"the verifier's model_type {family.model_type!r} has no declared family (speculators/families/): "
+            "its decoder stack is assumed at model.model.layers and its final norm at model.model.norm",
         )
 
 
