@@ -44,7 +44,8 @@ from data_gen.store import (
     write_shard,
 )
 from speculators.atomic import atomic_write_json, atomic_write_text
-from speculators.verifier import load_verifier, resolve_dtype, resolve_verifier_path
+from speculators.precision import Precision, choose
+from speculators.verifier import load_verifier, resolve_verifier_path
 from speculators.vocab import tokenizer_fingerprint
 
 log = logging.getLogger("data_gen")
@@ -133,6 +134,7 @@ class VerifierSide:
     model: Any
     aux_layer_ids: list[int]
     capture: FeatureCapture
+    precision: Precision  # the capture dtype and why (recorded in every manifest and the summary)
 
 
 def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
@@ -175,8 +177,8 @@ def load_verifier_side(
     hf_config = AutoConfig.from_pretrained(path)
     aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), int(hf_config.num_hidden_layers))
     # vLLM regeneration owns the GPU while it runs: the HF verifier waits on the CPU (in its GPU dtype) until then
-    dtype = resolve_dtype(verifier.get("dtype", "auto"), device)
-    model, _ = load_verifier(path, dtype, torch.device("cpu") if park_on_cpu else device)
+    precision = choose(verifier.get("dtype", "auto"), device, key="verifier.dtype")
+    model, _ = load_verifier(path, precision.dtype, torch.device("cpu") if park_on_cpu else device)
     capture = FeatureCapture(model, aux_ids, out_dtype=None)
     vocab_size = int(hf_config.vocab_size)
     if len(tokenizer) > vocab_size:
@@ -184,7 +186,7 @@ def load_verifier_side(
             f"the tokenizer has {len(tokenizer)} tokens but the verifier's vocab_size is {vocab_size}; "
             "they do not belong together"
         )
-    return VerifierSide(path, hf_config, tokenizer, masker, model, aux_ids, capture)
+    return VerifierSide(path, hf_config, tokenizer, masker, model, aux_ids, capture, precision)
 
 
 def run_identity(side: VerifierSide, data: DataSettings, gen: GenSettings) -> dict[str, Any]:
@@ -202,6 +204,7 @@ def run_identity(side: VerifierSide, data: DataSettings, gen: GenSettings) -> di
         },
         "aux_layer_ids": side.aux_layer_ids,
         "layer_convention": LAYER_CONVENTION,
+        "capture_dtype": side.precision.name,  # fp32 and bf16 captures differ: never mixed in one directory
         "storage_dtype": gen.storage_dtype,
         "shard_size": gen.shard_size,
         "data": _data_identity(data),
@@ -230,6 +233,7 @@ def shard_header(
             "architectures": identity["verifier"]["architectures"],
             "fingerprint": identity["verifier"]["fingerprint"],
             "capture_dtype": str(next(side.model.parameters()).dtype).replace("torch.", ""),
+            "precision": side.precision.to_json(),
         },
         "tokenizer": {**identity["tokenizer"], **side.masker.describe()},
         "data": {"settings": asdict(data), "source_report": report},
@@ -483,6 +487,7 @@ def finalize(prepared: Prepared, plan: dict[str, int], started: float, new_token
         "bytes_per_token": size / max(tokens, 1),
         "naive_bytes_per_token": 4 * hidden * 2,
         "storage_dtype": prepared.gen.storage_dtype,
+        "capture_precision": prepared.header["verifier"]["precision"],
         "seconds": elapsed,
         "tokens_captured_now": new_tokens,
         "tokens_per_second_now": new_tokens / max(elapsed, 1e-9),
@@ -507,7 +512,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"  tokens: {summary['tokens']:,} ({summary['loss_tokens']:,} assistant)",
             f"  bytes: {summary['bytes']:,} = {summary['bytes_per_token']:.0f} B/token ({summary['storage_dtype']};"
             f" naive 4×H×2 = {summary['naive_bytes_per_token']} B/token)",
-            f"  time: {summary['seconds']:.1f} s, {summary['tokens_per_second_now']:.0f} tokens/s captured this run",
+            f"  time: {summary['seconds']:.1f} s, {summary['tokens_per_second_now']:.0f} tokens/s captured this run"
+            f" (verifier in {summary['capture_precision']['dtype']}: {summary['capture_precision']['reason']})",
             f"  source drops: {source_dropped or 'none'}; masking: {dropped or 'none'}",
         ]
     )
