@@ -286,6 +286,7 @@ def machine() -> dict[str, Any]:
     from speculators.precision import choose, machine_record
 
     record = machine_record()
+    device = "cuda" if "cuda" in record["auto_dtype"] else "cpu"
     return {
         "platform": platform.platform(),
         "cpu_model": record["cpu"]["model"],
@@ -295,8 +296,8 @@ def machine() -> dict[str, Any]:
         "native_bf16": sorted(f for f in ("avx512_bf16", "amx_bf16") if record["cpu"]["flags"][f]),
         "auto_dtype": record["auto_dtype"],
         "dtypes": {
-            "capture": _decision(choose("auto", key="verifier.dtype").to_json()),
-            "train": _decision(choose("auto", key="train.dtype").to_json()),
+            "capture": _decision(choose("auto", device, key="verifier.dtype").to_json()),
+            "train": _decision(choose("auto", device, key="train.dtype").to_json()),
             "engine": "float32",
             "vllm": "float32",
         },

@@ -16,7 +16,8 @@
     .venv/bin/python bench/dtype_bench.py --quick   # < 4 min on 2 cores: proves the stages; figures indicative
     .venv/bin/python bench/dtype_bench.py           # < 20 min
 
-Writes bench/results/dtype.json (--quick: dtype_quick.json) with the machine record (CPU model, torch's
+Stages of part 3 whose output exists under --root are reused (rerun after an interruption). Writes
+bench/results/dtype.json (--quick: dtype_quick.json) with the machine record (CPU model, torch's
 capability, the bf16/AVX flags, what ``auto`` chooses there and why) and the bf16/fp32 speed-up ratios. On a CPU
 without native bf16 the ratios come out far below 1: the measured reason ``auto`` keeps fp32 there.
 """
@@ -164,29 +165,39 @@ def data_gen_command(cfg: dict[str, Any], out: Path, dtype: str, root: Path) -> 
     ]
 
 
-def acceptance(cfg: dict[str, Any], root: Path) -> dict[str, Any]:
-    """Held-out simulated AL of drafts made entirely in fp32 and in bf16, two seeds each, equal steps."""
-    seconds: dict[str, float] = {}
-    data = {dtype: root / f"data_{dtype}" for dtype in DTYPES}
-    for dtype, out in data.items():
-        if not (out / "train" / "manifest.json").is_file():
-            command = data_gen_command(cfg, out, dtype, root)
-            seconds[f"data_gen_{dtype}"] = fp8_bench.run(
-                command, root / "logs" / f"data_gen_{dtype}.log", False
-            )
-    jobs = {f"{dtype}_seed{seed}": (dtype, seed) for seed in SEEDS for dtype in DTYPES}  # pairs side by side
-    extra = lambda dtype: [  # noqa: E731
+def train_overrides(cfg: dict[str, Any], dtype: str) -> list[str]:
+    """What the AL runs add to fp8_bench's training command: the dtype, equal steps, the capture's length."""
+    return [
         f"train.dtype={TRAIN_NAMES[dtype]}",
         f"train.max_steps={cfg['al_max_steps']}",
         f"data.max_length={cfg['al_max_length']}",
         f"eval.max_samples={cfg['al_eval_samples']}",
     ]
+
+
+def acceptance(cfg: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Held-out simulated AL of drafts made entirely in fp32 and in bf16, two seeds each, equal steps."""
+    seconds: dict[str, float] = {}
+    data = {dtype: root / f"data_{dtype}" for dtype in DTYPES}
+    missing = [d for d, out in data.items() if not (out / "train" / "manifest.json").is_file()]
+    with ThreadPoolExecutor(2) as pool:  # both captures side by side, one thread each
+        futures = {
+            dtype: pool.submit(
+                fp8_bench.run,
+                data_gen_command(cfg, data[dtype], dtype, root),
+                root / "logs" / f"data_gen_{dtype}.log",
+            )
+            for dtype in missing
+        }
+        for dtype, future in futures.items():
+            seconds[f"data_gen_{dtype}"] = round(future.result(), 1)
+    jobs = {f"{dtype}_seed{seed}": (dtype, seed) for seed in SEEDS for dtype in DTYPES}  # pairs side by side
     pending = {n: j for n, j in jobs.items() if not (root / n / "checkpoints" / "best.json").is_file()}
     with ThreadPoolExecutor(2) as pool:  # two single-thread runs at a time: one fp32 beside one bf16
         futures = {
             name: pool.submit(
                 fp8_bench.run,
-                [*fp8_bench.train_command(data[dtype], root / name, 1, seed), *extra(dtype)],
+                [*fp8_bench.train_command(data[dtype], root / name, 1, seed), *train_overrides(cfg, dtype)],
                 root / "logs" / f"train_{name}.log",
             )
             for name, (dtype, seed) in pending.items()
