@@ -110,12 +110,6 @@ def write_precision(run_dir: Path, decisions: dict[str, Any]) -> None:
     atomic_write_json(Path(run_dir) / PRECISION_NAME, decisions)
 
 
-def read_precision(run_dir: Path) -> dict[str, Any]:
-    """The content of ``precision.json``, or ``{}`` for a run made before it existed."""
-    path = Path(run_dir) / PRECISION_NAME
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 # ---- best -----------------------------------------------------------------------------------------------------
 def read_best(run_dir: Path) -> dict[str, Any]:
     """The content of ``checkpoints/best.json``, or ``{}`` when there is none."""
