@@ -60,10 +60,10 @@ SETTINGS = {
         "capture_repeats": 1,
         "train_steps": 3,  # the first warms up
         "train_rounds": 1,
-        "al_conversations": 20,
+        "al_conversations": 16,
         "al_heldout_fraction": 0.25,
         "al_max_length": 256,
-        "al_max_steps": 8,
+        "al_max_steps": 6,
         "al_eval_samples": 8,
     },
     "full": {
@@ -72,10 +72,10 @@ SETTINGS = {
         "capture_repeats": 2,
         "train_steps": 5,
         "train_rounds": 2,
-        "al_conversations": 160,
+        "al_conversations": 128,
         "al_heldout_fraction": 0.1,
         "al_max_length": 512,
-        "al_max_steps": 150,
+        "al_max_steps": 120,
         "al_eval_samples": 32,
     },
 }
