@@ -279,28 +279,36 @@ def draft_ks(path: Path, ks: list[int]) -> list[int]:
 
 
 def machine() -> dict[str, Any]:
-    """Where the figures were measured: runs on different processors must never be compared unawares."""
-    import torch
+    """Where the figures were measured: runs on different processors must never be compared unawares. The CPU
+    (model, torch's kernel capability, its bf16/AVX flags), what ``auto`` chooses there and why
+    (speculators.precision), and the dtypes this bench's stages ran in: capture and training follow the recipe's
+    ``auto`` (or SPECULATORS_COMPUTE_DTYPE), our engine and vLLM measure in fp32 (token identity)."""
+    from speculators.precision import choose, machine_record
 
-    cpu = ""
-    flags: set[str] = set()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and not cpu:
-                cpu = value.strip()
-            if key.strip() == "flags" and not flags:
-                flags = set(value.split())
+    record = machine_record()
+    device = "cuda" if "cuda" in record["auto_dtype"] else "cpu"
     return {
         "platform": platform.platform(),
-        "cpu_model": cpu,
+        "cpu_model": record["cpu"]["model"],
         "cpus": os.cpu_count(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "native_bf16": sorted(flags & {"avx512_bf16", "amx_bf16"}),
+        "cpu_capability": record["cpu"]["capability"],
+        "cpu_flags": record["cpu"]["flags"],
+        "native_bf16": sorted(f for f in ("avx512_bf16", "amx_bf16") if record["cpu"]["flags"][f]),
+        "auto_dtype": record["auto_dtype"],
+        "dtypes": {
+            "capture": _decision(choose("auto", device, key="verifier.dtype").to_json()),
+            "train": _decision(choose("auto", device, key="train.dtype").to_json()),
+            "engine": "float32",
+            "vllm": "float32",
+        },
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": record["torch"],
     }
+
+
+def _decision(record: dict[str, Any]) -> dict[str, Any]:
+    """A dtype decision without the CPU facts the machine record already holds."""
+    return {key: record[key] for key in ("dtype", "source", "reason")}
 
 
 def summarize(sweep: dict, ks: dict[str, list[int]], drafts: list[str], engine: dict) -> dict[str, Any]:

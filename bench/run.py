@@ -37,6 +37,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if not args.summary_only:
+        print(hardware_line(), flush=True)
     status: dict[str, str] = {}
     for name, script in BENCHMARKS.items():
         if args.only and name not in args.only:
@@ -53,6 +55,20 @@ def main() -> int:
     write_summary = runpy.run_path(str(REPO / "bench" / "summary.py"))["write"]
     print(f"wrote {write_summary().relative_to(REPO)}")
     return 0 if all(s.startswith("exit 0") for s in status.values()) else 1
+
+
+def hardware_line() -> str:
+    """What the figures are measured on, printed first: figures from different processors are not comparable."""
+    from speculators.precision import machine_record
+
+    record = machine_record()
+    cpu, flags = record["cpu"], record["cpu"]["flags"]
+    auto = ", ".join(f"{device} {d['dtype']} ({d['reason']})" for device, d in record["auto_dtype"].items())
+    return (
+        f"hardware: {cpu['model']}, {__import__('os').cpu_count()} CPUs, torch {record['torch']} capability "
+        f"{cpu['capability']}, flags {' '.join(f for f, on in flags.items() if on) or 'none'}; auto dtype: {auto}"
+        + (f"; GPU {record['cuda_device']}" if "cuda_device" in record else "")
+    )
 
 
 if __name__ == "__main__":

@@ -83,12 +83,16 @@ def write_random_features(directory: Path, samples: int, length: int) -> None:
     save_file({"counts": counts}, str(directory / TOKEN_COUNTS_NAME), metadata={"provenance": "{}"})
 
 
-def train_throughput(data_dir: Path, steps: int, threads: int | None) -> dict:
+def train_throughput(
+    data_dir: Path, steps: int, threads: int | None, dtype: str = "fp32", tag: str = ""
+) -> dict:
+    """Steps/s and tokens/s of the real trainer on ``data_dir`` in ``dtype`` (train.dtype: fp32 | bf16 | auto);
+    ``tag`` keeps the run directories of repeated measurements apart."""
     from hydra import compose, initialize_config_dir
 
     from train.trainer import reset_distributed, train
 
-    run_dir = data_dir.parent / f"run-{threads or 'default'}"
+    run_dir = data_dir.parent / f"run-{threads or 'default'}-{dtype}{tag}"
     overrides = [
         "recipe=eagle3_smollm2",
         f"train.data_dir={data_dir}",
@@ -98,7 +102,7 @@ def train_throughput(data_dir: Path, steps: int, threads: int | None) -> dict:
         "train.micro_batch_size=4",
         "train.save_every=1000000",
         "train.eval_every=1000000",
-        "train.dtype=fp32",
+        f"train.dtype={dtype}",
         "logging=disabled",
         "logging.log_every=1",
         "logging.progress_bar=false",

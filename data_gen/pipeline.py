@@ -52,7 +52,8 @@ from data_gen.store import (
 )
 from speculators import families
 from speculators.atomic import atomic_write_json, atomic_write_text
-from speculators.verifier import load_verifier, resolve_dtype, resolve_verifier_path
+from speculators.precision import Precision, choose
+from speculators.verifier import load_verifier, resolve_verifier_path
 from speculators.vocab import tokenizer_fingerprint
 
 log = logging.getLogger("data_gen")
@@ -144,6 +145,7 @@ class VerifierSide:
     model: Any
     aux_layer_ids: list[int]
     capture: CaptureBackend
+    precision: Precision  # the capture dtype and why (recorded in every manifest and the summary)
 
 
 def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
@@ -189,8 +191,8 @@ def load_verifier_side(
     text = family.flat_config(hf_config.to_dict())
     aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), int(text["num_hidden_layers"]))
     # vLLM regeneration owns the GPU while it runs: the HF verifier waits on the CPU (in its GPU dtype) until then
-    dtype = resolve_dtype(verifier.get("dtype", "auto"), device)
-    model, _ = load_verifier(path, dtype, torch.device("cpu") if verifier_waits_on_cpu(gen) else device)
+    precision = choose(verifier.get("dtype", "auto"), device, key="verifier.dtype")
+    model, _ = load_verifier(path, precision.dtype, torch.device("cpu") if verifier_waits_on_cpu(gen) else device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else masker.eot_id
     handle = VerifierHandle(
         model, path, aux_ids, int(text["num_hidden_layers"]), pad_id, gen.batch_size, data.max_length
@@ -202,7 +204,7 @@ def load_verifier_side(
             "they do not belong together"
         )
     capture = build_capture_backend(gen.capture, handle)
-    return VerifierSide(path, hf_config, tokenizer, masker, model, aux_ids, capture)
+    return VerifierSide(path, hf_config, tokenizer, masker, model, aux_ids, capture, precision)
 
 
 def run_identity(side: VerifierSide, data: DataSettings, gen: GenSettings) -> dict[str, Any]:
@@ -220,6 +222,7 @@ def run_identity(side: VerifierSide, data: DataSettings, gen: GenSettings) -> di
         },
         "aux_layer_ids": side.aux_layer_ids,
         "layer_convention": LAYER_CONVENTION,
+        "capture_dtype": side.precision.name,  # fp32 and bf16 captures differ: never mixed in one directory
         "storage_dtype": gen.storage_dtype,
         "shard_size": gen.shard_size,
         "data": _data_identity(data),
@@ -251,6 +254,7 @@ def shard_header(
             "fingerprint": identity["verifier"]["fingerprint"],
             "capture_dtype": str(next(side.model.parameters()).dtype).replace("torch.", ""),
             "capture_backend": side.capture.name,
+            "precision": side.precision.to_json(),
         },
         "tokenizer": {**identity["tokenizer"], **side.masker.describe()},
         "data": {"settings": asdict(data), "source_report": report},
@@ -499,6 +503,7 @@ def finalize(prepared: Prepared, plan: dict[str, int], started: float, new_token
         "bytes_per_token": size / max(tokens, 1),
         "naive_bytes_per_token": 4 * hidden * 2,
         "storage_dtype": prepared.gen.storage_dtype,
+        "capture_precision": prepared.header["verifier"]["precision"],
         "seconds": elapsed,
         "tokens_captured_now": new_tokens,
         "tokens_per_second_now": new_tokens / max(elapsed, 1e-9),
@@ -523,7 +528,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"  tokens: {summary['tokens']:,} ({summary['loss_tokens']:,} assistant)",
             f"  bytes: {summary['bytes']:,} = {summary['bytes_per_token']:.0f} B/token ({summary['storage_dtype']};"
             f" naive 4×H×2 = {summary['naive_bytes_per_token']} B/token)",
-            f"  time: {summary['seconds']:.1f} s, {summary['tokens_per_second_now']:.0f} tokens/s captured this run",
+            f"  time: {summary['seconds']:.1f} s, {summary['tokens_per_second_now']:.0f} tokens/s captured this run"
+            f" (verifier in {summary['capture_precision']['dtype']}: {summary['capture_precision']['reason']})",
             f"  source drops: {source_dropped or 'none'}; masking: {dropped or 'none'}",
         ]
     )

@@ -6,6 +6,7 @@ training stage (``train.init_from``) read it. This module is the one owner of th
     <run>/config.yaml                        the resolved recipe of the run
     <run>/metrics.jsonl                      one JSON object per log line / evaluation
     <run>/draft_vocab.safetensors            the draft vocabulary (d2t/t2d with provenance)
+    <run>/precision.json                     the compute dtype chosen, by whom and why (speculators.precision)
     <run>/checkpoints/step-<N>/draft/        a speculators directory (fp32, full weights)
     <run>/checkpoints/step-<N>/state/        accelerate / DeepSpeed state (model, optimizer, RNG of every rank)
     <run>/checkpoints/step-<N>/trainer_state.json
@@ -39,6 +40,7 @@ STATE_DIR = "state"
 RECIPE_NAME = "config.yaml"
 METRICS_NAME = "metrics.jsonl"
 DRAFT_VOCAB_NAME = "draft_vocab.safetensors"
+PRECISION_NAME = "precision.json"
 STEP_PATTERN = re.compile(r"^step-(\d+)$")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
@@ -99,6 +101,13 @@ def require_resumable(path: Path) -> dict[str, Any]:
             f"weights with train.init_from={path} instead"
         )
     return json.loads((path / STATE_NAME).read_text())
+
+
+# ---- precision ------------------------------------------------------------------------------------------------
+def write_precision(run_dir: Path, decisions: dict[str, Any]) -> None:
+    """``precision.json``: each decision's dtype, source (recipe / env / auto), reason and the CPU it read. Written
+    at every (re)start: a resumed run on another machine says what it runs in now."""
+    atomic_write_json(Path(run_dir) / PRECISION_NAME, decisions)
 
 
 # ---- best -----------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from torch import nn
 
 from speculators.atomic import atomic_write_text
 from speculators.format.checkpoint import atomic_directory, weight_files
+from speculators.precision import choose
 
 EMBEDDED_NAME = "smollm2"
 EMBEDDED_DIRNAME = "SmolLM2-135M-Instruct"
@@ -42,23 +43,14 @@ def cache_root() -> Path:
 
 
 def default_dtype(device: torch.device | str = "cpu") -> torch.dtype:
-    """bf16 where the hardware has fast bf16 kernels (CUDA), fp32 on CPU (exact, and what tests compare)."""
-    device = torch.device(device)
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+    """What ``auto`` means on ``device`` (speculators.precision: bf16 where the hardware runs it natively)."""
+    return choose("auto", device).dtype
 
 
 def resolve_dtype(name: str | torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
-    """``"auto"`` → :func:`default_dtype`; otherwise a torch dtype name such as ``"bfloat16"``."""
-    if isinstance(name, torch.dtype):
-        return name
-    if name == "auto":
-        return default_dtype(device)
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
-    return dtype
+    """``"auto"`` → :func:`speculators.precision.choose` (SPECULATORS_COMPUTE_DTYPE, else the hardware rule);
+    otherwise a torch dtype name such as ``"bfloat16"`` (aliases bf16/fp32/fp16)."""
+    return choose(name, device).dtype
 
 
 # ---- the embedded default ----------------------------------------------------------------------------------

@@ -29,9 +29,9 @@ import torch
 from speculators import runs
 from speculators.format.config import Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.precision import Precision, choose
 from speculators.verifier import (
     read_verifier_tensors,
-    resolve_dtype,
     resolve_verifier_path,
     verifier_config_dict,
     verifier_embedding,
@@ -43,17 +43,23 @@ from train.targets import TargetHead
 
 
 # ---- precision and processes --------------------------------------------------------------------------------
-def compute_dtype(name: str) -> torch.dtype:
-    """``auto``: bf16 on CUDA with bf16 support, fp32 otherwise (exact on CPU)."""
-    aliases = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
-    name = aliases.get(name, name)
+def compute_precision(name: str) -> Precision:
+    """``train.dtype``'s decision (speculators.precision): the recipe's value, else SPECULATORS_COMPUTE_DTYPE, else
+    bf16 where the device runs it natively (CUDA with bf16, a CPU with avx512_bf16/AMX) and fp32 elsewhere. bf16
+    means autocast over fp32 master weights (accelerate's mixed precision, or DeepSpeed's bf16 with an fp32
+    copy); the losses are summed in fp32."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = resolve_dtype(name, device)
-    if dtype not in (torch.float32, torch.bfloat16):
+    choice = choose(name, device, key="train.dtype")
+    if choice.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(
-            f"train.dtype={name!r}: use auto, bf16 or fp32 (fp16 needs loss scaling, not supported)"
+            f"train.dtype={name!r} ({choice.reason}): use auto, bf16 or fp32 (fp16 needs loss scaling, not supported)"
         )
-    return dtype
+    return choice
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    """The dtype of :func:`compute_precision`."""
+    return compute_precision(name).dtype
 
 
 def free_port() -> int:
@@ -466,6 +472,7 @@ __all__ = [
     "warm_start_from_verifier",
     "scale_fc_by_feature_rms",
     "compute_dtype",
+    "compute_precision",
     "deepspeed_config",
     "draft_config",
     "lr_at",

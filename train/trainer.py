@@ -32,7 +32,7 @@ from speculators.verifier import verifier_config_dict
 from speculators.vocab import build_draft_vocab
 from train import checkpointing as ckpt
 from train.assemble import (
-    compute_dtype,
+    compute_precision,
     lr_at,
     make_accelerator,
     make_optimizer,
@@ -75,7 +75,8 @@ class Trainer:
         self.objective = objective_for(settings)
         self.steps = self.objective.steps
         self.weights = self.objective.weights
-        self.dtype = compute_dtype(train.dtype)
+        self.precision = compute_precision(train.dtype)  # recorded in <run_dir>/precision.json
+        self.dtype = self.precision.dtype
         logging.getLogger("accelerate").setLevel(logging.WARNING)  # our own lines say what was saved
         if train.cpu_threads and not torch.cuda.is_available():
             torch.set_num_threads(train.cpu_threads)  # small CPU ops drown in thread sync on a busy host
@@ -254,6 +255,7 @@ class Trainer:
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.write_run_config(self.run_dir, self.settings.resolved, hydra_overrides())
+            runs.write_precision(self.run_dir, {"train": self.precision.to_json()})
             ckpt.remove_partials(self.run_dir)
             self.vocab.save(self.run_dir / runs.DRAFT_VOCAB_NAME)
         acc.wait_for_everyone()
@@ -302,7 +304,8 @@ class Trainer:
             f"samples, {self.plan.steps_per_epoch} steps/epoch × {self.settings.train.epochs} epochs → {self.total_steps} steps "
             f"(global batch {self.plan.global_batch} on {self.world} process(es), "
             f"{self.accelerator.distributed_type.value}), draft vocab {self.vocab.draft_vocab_size}, "
-            f"{trainable / 1e6:.1f}M trainable parameters, dtype {str(self.dtype).removeprefix('torch.')}, "
+            f"{trainable / 1e6:.1f}M trainable parameters, dtype {self.precision.name} ({self.precision.source}: "
+            f"{self.precision.reason}), "
             f"drafted positions per draft {self.steps}"
             + (f", starting at step {progress.step}" if progress.step else "")
         )

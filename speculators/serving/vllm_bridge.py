@@ -57,8 +57,9 @@ class VllmError(WorkerError):
 class VllmRequest:
     """One engine configuration and the prompts to generate for.
 
-    ``dtype`` float32 makes greedy outputs comparable token for token with other fp32 engines; bf16 is vLLM's
-    normal serving dtype. On CPU the KV cache gets ``kv_cache_gib`` (default 1 GiB) of RAM, an explicit size that
+    ``dtype`` ``auto`` (the default) is speculators.precision's choice for the worker's device: bf16 where it runs
+    natively (CUDA, avx512_bf16/AMX CPUs), else fp32; float32 makes greedy outputs comparable token for token with
+    other fp32 engines. On CPU the KV cache gets ``kv_cache_gib`` (default 1 GiB) of RAM, an explicit size that
     also skips the engine's warm-up pass (``gpu_memory_utilization``, if given, is a fraction of RAM there); on
     CUDA ``gpu_memory_utilization`` (default 0.9) applies. ``warmup`` runs one short untimed generation first, so
     ``tokens_per_second`` excludes first-call costs. ``seed`` seeds the engine and, when sampling, each request.
@@ -70,7 +71,7 @@ class VllmRequest:
     max_tokens: int = 64
     temperature: float = 0.0
     seed: int = 0
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     ignore_eos: bool = False
     max_model_len: int = 2048
     kv_cache_gib: float | None = None
@@ -92,6 +93,7 @@ class VllmRequest:
         ``placement`` (default: this process's, :func:`current_placement`) gives its engine arguments."""
         job = asdict(self)
         job["engine"] = dict((placement or current_placement(self)).engine)
+        job["dtype"] = job["engine"]["dtype"]  # what the engine runs in, never "auto"
         job["prompts"] = [_json_prompt(prompt) for prompt in self.prompts]
         job["model"] = _local_or_hub(self.model)
         if self.tokenizer:
@@ -182,10 +184,13 @@ def host_device_kind() -> str:
 def current_placement(request: VllmRequest) -> VllmPlacement:
     """:func:`vllm_placement` for this process: its ``LOCAL_RANK`` (set by ``accelerate launch``) and the GPUs it
     may see."""
+    from speculators.precision import choose
+
+    device_kind = host_device_kind()
     return vllm_placement(
-        host_device_kind(),
+        device_kind,
         int(os.environ.get("LOCAL_RANK", "0")),
-        request.dtype,
+        choose(request.dtype, device_kind, key="VllmRequest.dtype").name,
         os.environ.get("CUDA_VISIBLE_DEVICES"),
         request.gpu_memory_utilization,
         request.kv_cache_gib,

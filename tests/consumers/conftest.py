@@ -153,6 +153,7 @@ def vllm_runs(
     _, random_dir = random_draft
     greedy = dict(prompts=CHAT_PROMPTS, max_tokens=GREEDY_TOKENS, dtype="float32", max_model_len=512)
     zero = dict(prompts=CHAT_PROMPTS[:2], max_tokens=ZERO_TOKENS, ignore_eos=True, max_model_len=512)
+    zero["dtype"] = "bfloat16"  # named: VllmRequest's default is "auto" (speculators.precision)
     requests = [
         VllmRequest(name="plain", model=smollm2_dir, **greedy),
         VllmRequest(name="draft-dir", model=random_dir, **greedy),

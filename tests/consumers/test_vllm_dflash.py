@@ -142,6 +142,7 @@ def runs(smollm2_dir, zero_verifier_dir, drafts, root):
         max_model_len=512,
     )
     zero = dict(prompts=CHAT_PROMPTS[:2], max_tokens=ZERO_TOKENS, ignore_eos=True, max_model_len=512)
+    zero["dtype"] = "bfloat16"  # vLLM's serving dtype, named: VllmRequest's default is "auto"
 
     def attached(name: str, verifier: Path, **kwargs) -> VllmRequest:
         spec = draft_speculative_config(drafts[name])

@@ -77,6 +77,7 @@ def peagle_runs(smollm2_dir, smollm2_tokenizer, zero_verifier_dir, draft_vocab, 
         ignore_eos=True,
         max_model_len=512,
         count_draft_forwards=True,
+        dtype="bfloat16",  # vLLM's serving dtype, named: VllmRequest's default is "auto"
     )
     requests = [
         VllmRequest(name="plain", model=smollm2_dir, **greedy),

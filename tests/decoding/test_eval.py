@@ -45,10 +45,13 @@ def test_cli_writes_results_and_plot(exported_draft, tmp_path, capsys):
             "3",
             "--output",
             str(out),
+            "--dtype",
+            "float32",  # matches_plain == 1 is byte identity: fp32 (auto may pick bf16 on this CPU)
         ]
     )
     assert code == 0
     results = json.loads((out / "results.json").read_text())
+    assert (results["precision"]["dtype"], results["precision"]["source"]) == ("float32", "recipe")
     assert (out / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
     assert (
         results["verifier"]
@@ -190,6 +193,7 @@ def exported_dflash(tmp_path_factory, tiny_llama, tiny_llama_dir):
 def test_cli_evaluates_a_dflash_draft_over_its_whole_block_by_default(exported_dflash, tmp_path, capsys):
     out = tmp_path / "eval"
     args = ["eval", str(exported_dflash), "--max-prompts", "4", "--max-new-tokens", "12", "--batch-size", "2"]
+    args += ["--dtype", "float32"]  # matches_plain == 1 below is byte identity
     assert main([*args, "--output", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["settings"]["ks"] == [3]

@@ -107,6 +107,8 @@ def served(checkpoints, always_zero_verifier):
     }
     for name, request in requests.items():
         request.name, request.max_tokens, request.ignore_eos, request.max_model_len = name, 24, True, 512
+        # vLLM's serving dtype, as before "auto" existed (zero logits are exact in any dtype)
+        request.dtype = "bfloat16"
     results = bridge.run_vllm(list(requests.values()), timeout=600)
     return {result.name: result for result in results}
 

@@ -97,7 +97,8 @@ def test_card_shows_what_speculators_eval_measured(tmp_path, verifier_dir, draft
     export_checkpoint(run, out)
     chats = [[{"role": "user", "content": f"Tell me about number {i}."}] for i in range(3)]
     settings = EvalSettings(ks=[1, 3], max_new_tokens=6, batch_size=3)
-    results = evaluate(out, prompts=chats, settings=settings, output_dir=tmp_path / "eval")
+    # fp32: the card's "100%" (identical to plain decoding) is byte identity
+    results = evaluate(out, prompts=chats, settings=settings, output_dir=tmp_path / "eval", dtype="float32")
     assert json.loads((tmp_path / "eval" / "results.json").read_text())["runs"] == results["runs"]
 
     argv = ["export", str(run), str(out), "--eval-results", str(tmp_path / "eval" / "results.json")]
@@ -120,7 +121,7 @@ def test_card_shows_what_speculators_eval_measured(tmp_path, verifier_dir, draft
     assert "![eval_acceptance.png](eval_acceptance.png)" in card and (out / "eval_acceptance.png").is_file()
 
     # the same results.json inside the run directory is found without the flag, and shown once with it
-    evaluate(out, prompts=chats, settings=settings, output_dir=run / "eval")
+    evaluate(out, prompts=chats, settings=settings, output_dir=run / "eval", dtype="float32")
     assert cli_main([*argv[:3], "--eval-results", str(run / "eval" / "results.json")]) == 0
     assert (out / "README.md").read_text().count("Measured by `speculators eval`") == 1
 

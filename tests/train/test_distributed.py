@@ -146,14 +146,14 @@ def test_sigkill_and_resume_gives_identical_weights(zero2_run, sharp_verifier, t
     )  # metrics of the killed attempt past its checkpoint were dropped
 
 
-# ---- bf16 (train.dtype=bf16 forces it on CPU too; every other CPU run resolves to fp32) ------------------------
+# ---- bf16 (train.dtype=bf16 forces it; the suite's other runs are fp32: tests/conftest.py) ------------------------
 BF16 = ("train.dtype=bf16",)
 
 
 def test_recipe_dtype_is_forced_on_cpu_too():
     from train.assemble import compute_dtype
 
-    assert compute_dtype("auto") == torch.float32  # no CUDA here
+    assert compute_dtype("auto") == torch.float32  # tests/conftest.py: SPECULATORS_COMPUTE_DTYPE=float32
     assert compute_dtype("bf16") == compute_dtype("bfloat16") == torch.bfloat16
     with pytest.raises(ValueError, match="fp16 needs loss scaling"):
         compute_dtype("fp16")
