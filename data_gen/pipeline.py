@@ -192,7 +192,9 @@ def load_verifier_side(
     aux_ids = resolve_aux_layer_ids(verifier.get("aux_layer_ids"), int(text["num_hidden_layers"]))
     # vLLM regeneration owns the GPU while it runs: the HF verifier waits on the CPU (in its GPU dtype) until then
     precision = choose(verifier.get("dtype", "auto"), device, key="verifier.dtype")
-    model, _ = load_verifier(path, precision.dtype, torch.device("cpu") if verifier_waits_on_cpu(gen) else device)
+    model, _ = load_verifier(
+        path, precision.dtype, torch.device("cpu") if verifier_waits_on_cpu(gen) else device
+    )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else masker.eot_id
     handle = VerifierHandle(
         model, path, aux_ids, int(text["num_hidden_layers"]), pad_id, gen.batch_size, data.max_length
