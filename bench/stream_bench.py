@@ -24,18 +24,16 @@ import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from machine_load import LoadWindow  # bench/ is the script's own folder, first on sys.path
+
+from speculators.atomic import atomic_write_json
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.machine_load import LoadWindow  # noqa: E402
-from speculators.atomic import atomic_write_json  # noqa: E402
 
 
 def compose(overrides: list[str]):
