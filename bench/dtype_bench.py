@@ -29,26 +29,23 @@ import gc
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import data_gen_bench  # sibling bench modules: bench/ is the script's own folder, first on sys.path
+import fp8_bench
 import torch
+import train_bench
+from acceptance_bench import machine
+from machine_load import LoadWindow
+
+from speculators.atomic import atomic_write_json
+from speculators.local_paths import scrub
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))  # sibling bench modules, also when imported from elsewhere
-
-import data_gen_bench  # noqa: E402
-import fp8_bench  # noqa: E402
-import train_bench  # noqa: E402
-from acceptance_bench import machine  # noqa: E402
-from machine_load import LoadWindow  # noqa: E402
-
-from speculators.atomic import atomic_write_json  # noqa: E402
-from speculators.local_paths import scrub  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")  # measured in this order, alternating
 TRAIN_NAMES = {"float32": "fp32", "bfloat16": "bf16"}  # train.dtype's spelling
