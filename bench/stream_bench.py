@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from acceptance_bench import machine as bench_machine
 from machine_load import LoadWindow  # bench/ is the script's own folder, first on sys.path
 
 from speculators.atomic import atomic_write_json
@@ -113,13 +113,8 @@ def timed_run(root: Path, args: argparse.Namespace, mode: str) -> dict:
 
 
 def machine() -> dict:
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu_count": os.cpu_count(),
-        "load_average_at_start": os.getloadavg(),
-    }
+    """The bench-wide machine record (CPU model, native bf16, chosen dtypes) plus the load at the start."""
+    return {**bench_machine(), "load_average_at_start": os.getloadavg()}
 
 
 def main() -> None:

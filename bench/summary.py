@@ -41,9 +41,10 @@ def machine_line(result: dict[str, Any]) -> str:
         parts.append(f"native bf16: {', '.join(record['native_bf16']) or 'none'}")
     if record.get("cpu_capability"):
         parts.append(f"torch CPU capability {record['cpu_capability']}")
-    dtypes = record.get("compute_dtypes") or record.get("compute_dtype")
+    dtypes = record.get("dtypes") or {}
     if dtypes:
-        parts.append(f"compute dtype {dtypes}")
+        chosen = {stage: d.get("dtype") if isinstance(d, dict) else d for stage, d in dtypes.items()}
+        parts.append("dtypes " + ", ".join(f"{stage} {d}" for stage, d in chosen.items()))
     if "cpu_model" not in record and "native_bf16" not in record:
         parts.append("CPU model and bf16 support not recorded")
     return "; ".join(parts)
@@ -166,6 +167,71 @@ def render_curve(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_dtype(result: dict[str, Any]) -> list[str]:
+    """bf16 vs fp32 side by side: capture and training speed-ups, and held-out AL per seed."""
+    speedups = result.get("speedups_bf16_vs_fp32") or {}
+    acceptance = result.get("acceptance") or {}
+    per_seed = acceptance.get("acceptance_length") or {}
+    return [
+        bullet("capture tokens/s, bf16 over fp32", times(speedups.get("capture"))),
+        bullet("draft training tokens/s, bf16 over fp32", times(speedups.get("training"))),
+        bullet(
+            "held-out simulated AL per seed",
+            "; ".join(
+                f"{dtype} {', '.join(str(num(v, 4)) for v in values)}" for dtype, values in per_seed.items()
+            ),
+        ),
+        bullet("bf16 - fp32 mean AL", num(acceptance.get("difference_bf16_minus_fp32"), 4)),
+        bullet("seed spread", num(acceptance.get("seed_spread"), 4)),
+        bullet("within seed noise", acceptance.get("within_seed_noise")),
+    ]
+
+
+def render_capture_backends(result: dict[str, Any]) -> list[str]:
+    tps = result.get("tokens_per_s_median") or {}
+    return [
+        bullet("dtype, threads", f"{result.get('dtype')}, {result.get('threads')}"),
+        *[bullet(f"capture tokens/s (median), {name}", value) for name, value in tps.items()],
+        bullet("vllm over transformers", times(result.get("vllm_over_transformers"))),
+        bullet("vLLM engine start s (untimed warm-up)", result.get("vllm_engine_start_s")),
+        bullet(
+            "worst relative error, vllm vs transformers",
+            num(result.get("worst_relative_error_vllm_vs_transformers"), 4),
+        ),
+        bullet("contended runs", result.get("contended_runs")),
+    ]
+
+
+def render_stream(result: dict[str, Any]) -> list[str]:
+    return [
+        bullet("offline training tokens/s", num((result.get("offline") or {}).get("tokens_per_s"))),
+        bullet("streamed training tokens/s", num((result.get("stream") or {}).get("tokens_per_s"))),
+        bullet("stream over offline", result.get("stream_over_offline")),
+        bullet("goal", f">= {result.get('goal')}: {'met' if result.get('meets_goal') else 'NOT met'}"),
+        bullet("contended", result.get("contended")),
+    ]
+
+
+def render_levers(result: dict[str, Any]) -> list[str]:
+    """One row per lane at equal training CPU-seconds."""
+    budget = result.get("budget") or {}
+    lines = [
+        f"- mode {result.get('mode')}; {budget.get('training_cpu_s_per_lane')} training CPU-s per lane; "
+        f"{result.get('metric')}",
+        "",
+        "| lane | held-out AL (end) | best | training tokens | tokens/s | CPU-s/step | draft step ms | vs baseline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, lane in (result.get("lanes") or {}).items():
+        lines.append(
+            f"| {name} | {num(lane.get('heldout_simulated_al_k3'), 4)} | "
+            f"{num(lane.get('best_heldout_simulated_al_k3'), 4)} | {lane.get('training_tokens')} | "
+            f"{lane.get('training_tokens_per_s')} | {lane.get('cpu_s_per_step')} | {num(lane.get('draft_step_ms'), 2)} | "
+            f"{pct(None if lane.get('al_vs_baseline_pct') is None else lane['al_vs_baseline_pct'] / 100)} |"
+        )
+    return lines
+
+
 def render_generic(result: dict[str, Any]) -> list[str]:
     """A result without a renderer of its own: its ``summary`` (or top-level figures), flat."""
     source = result.get("summary") if isinstance(result.get("summary"), dict) else result
@@ -182,6 +248,12 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "engine": render_engine,
     "acceptance": render_acceptance,
     "acceptance_quick": render_acceptance,
+    "dtype": render_dtype,
+    "dtype_quick": render_dtype,
+    "capture_backends": render_capture_backends,
+    "stream": render_stream,
+    "levers": render_levers,
+    "levers_quick": render_levers,
 }
 
 
