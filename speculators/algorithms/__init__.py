@@ -15,14 +15,14 @@ is imported and registers itself.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from speculators.unit_modules import import_unit_modules
 
 
 @dataclass(frozen=True)
@@ -79,15 +79,8 @@ def register(algorithm: Algorithm) -> Algorithm:
     return algorithm
 
 
-_LOADED: list[bool] = []  # every module of the package imported (one may have been imported directly before)
-
-
 def _load_all() -> None:
-    if _LOADED:
-        return
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
-    _LOADED.append(True)
+    import_unit_modules(__name__, __path__)
 
 
 def names() -> list[str]:

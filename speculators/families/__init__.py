@@ -26,15 +26,15 @@ is what every HF decoder-only LM without a wrapper is.
 
 from __future__ import annotations
 
-import importlib
 import math
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
+
+from speculators.unit_modules import import_unit_modules
 
 DRAFT_LAYER_TYPES = ("llama", "qwen3")  # what vLLM's speculators loader maps to an EAGLE-3 draft class
 
@@ -216,7 +216,6 @@ def sqrt_hidden(text: dict[str, Any]) -> float:
 
 
 _REGISTRY: dict[str, Family] = {}
-_LOADED: list[bool] = []
 
 
 def register(family: Family) -> Family:
@@ -233,11 +232,7 @@ def register(family: Family) -> Family:
 
 
 def _load_all() -> None:
-    if _LOADED:
-        return
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
-    _LOADED.append(True)
+    import_unit_modules(__name__, __path__)
 
 
 def names() -> list[str]:

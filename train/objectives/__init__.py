@@ -14,14 +14,13 @@ objective is a new module, not edits across the trainer.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from speculators.unit_modules import import_unit_modules
 from train.data import MicroBatch
 from train.losses import StepMasks, step_masks
 from train.settings import TrainSettings
@@ -130,15 +129,8 @@ def objective_for(settings: TrainSettings) -> Objective:
     return _REGISTRY[settings.train.algorithm](settings)
 
 
-_LOADED: list[bool] = []  # every module of the package imported (one may have been imported directly before)
-
-
 def _load_all() -> None:
-    if _LOADED:
-        return
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
-    _LOADED.append(True)
+    import_unit_modules(__name__, __path__)
 
 
 __all__ = ["Objective", "Plan", "algorithms", "objective_for", "register"]
