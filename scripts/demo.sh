@@ -42,10 +42,10 @@ $PY -m speculators validate "${RUN_DIR}/export"
 
 K_ARGS=()
 [[ -n "${EVAL_K}" ]] && K_ARGS=(--k ${EVAL_K})
-stage "4/6 evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU, k = ${EVAL_K:-the draft default}"
+stage "4/6 evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU in float32, k = ${EVAL_K:-the draft default}"
 $PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${EVAL_PROMPTS}" \
     --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" "${K_ARGS[@]}" --batch-size 1 \
-    --threads 1 --vllm --output "${RUN_DIR}/eval"
+    --threads 1 --dtype float32 --vllm --output "${RUN_DIR}/eval"  # float32: the token-for-token lossless check
 
 stage "5/6 model card: export again, with the measured results in ${RUN_DIR}/export/README.md"
 $PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export" --eval-results "${RUN_DIR}/eval/results.json"

@@ -508,6 +508,12 @@ def format_table(results: dict[str, Any]) -> str:
         if "matches_plain" in run:
             line += f"  identical to plain {run['matches_plain']:.0%}"
         lines.append(line)
+    dtype = (results.get("precision") or {}).get("dtype")
+    if dtype and dtype != "float32" and any(run.get("matches_plain", 1.0) < 1.0 for run in results["runs"]):
+        lines.append(
+            f"  note: computed in {dtype}, where batched verification and one-token decoding round differently and "
+            "can flip a near-tie argmax; run with --dtype float32 for the token-for-token lossless check"
+        )
     for name, run in (results.get("vllm") or {}).items():
         if not isinstance(run, dict) or "tokens_per_s" not in run:
             continue
