@@ -439,6 +439,8 @@ class TrainSettings:
 
     def combination_problems(self) -> list[str]:
         """Values each fine alone that the trainer cannot run together."""
+        from train.objectives import objective_class
+
         found = []
         loop, vocab = self.train, self.model.draft_vocab_size
         if loop.topk and vocab is not None and loop.topk > vocab:
@@ -453,7 +455,7 @@ class TrainSettings:
                 "under DeepSpeed"
             )
         window = self.model.sliding_window
-        if window is not None and loop.algorithm not in ("eagle3", "hass"):
+        if window is not None and not objective_class(loop.algorithm).sliding_window_layers:
             found.append(
                 f"model.sliding_window={window} with train.algorithm={loop.algorithm}: windowed draft layers are "
                 "built for EAGLE-3 and HASS only; set model.sliding_window=null"

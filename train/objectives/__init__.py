@@ -42,6 +42,8 @@ class Objective:
     """Interface of a training objective (see the module docstring)."""
 
     algorithms: ClassVar[tuple[str, ...]] = ()
+    # whether its draft layers can attend through a sliding window (model.sliding_window)
+    sliding_window_layers: ClassVar[bool] = False
 
     def __init__(self, settings: TrainSettings) -> None:
         self.settings = settings
@@ -124,13 +126,18 @@ def algorithms() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def objective_for(settings: TrainSettings) -> Objective:
+def objective_class(algorithm: str) -> type[Objective]:
+    """The objective class that trains ``algorithm`` (what it declares, before any settings exist)."""
     _load_all()
-    return _REGISTRY[settings.train.algorithm](settings)
+    return _REGISTRY[algorithm]
+
+
+def objective_for(settings: TrainSettings) -> Objective:
+    return objective_class(settings.train.algorithm)(settings)
 
 
 def _load_all() -> None:
     import_unit_modules(__name__, __path__)
 
 
-__all__ = ["Objective", "Plan", "algorithms", "objective_for", "register"]
+__all__ = ["Objective", "Plan", "algorithms", "objective_class", "objective_for", "register"]

@@ -31,6 +31,7 @@ from train.unroll import TTTDraft
 @register
 class TrainingTimeTest(Objective):
     algorithms = ("eagle3", "hass")
+    sliding_window_layers = True
 
     @property
     def steps(self) -> int:
