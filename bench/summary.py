@@ -144,7 +144,6 @@ def render_acceptance(result: dict[str, Any]) -> list[str]:
     curve = summary.get("curve")
     if curve:
         lines.append(bullet("learning curve", f"{curve.get('points')} points in `{curve.get('file')}`"))
-        lines += render_curve(load(REPO / curve["file"])) if (REPO / curve.get("file", "")).is_file() else []
     return lines
 
 
@@ -292,7 +291,7 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def result_files(results: Path) -> list[Path]:
-    """Every result file but the learning curves (shown inside their acceptance section)."""
+    """Every result file but the learning curves (``<name>_curve.json``: shown inside ``<name>``'s section)."""
     files = {p.stem: p for p in results.glob("*.json") if not p.stem.endswith("_curve")}
     ordered = [files.pop(name) for name in ORDER if name in files]
     return ordered + [files[name] for name in sorted(files)]
@@ -319,6 +318,11 @@ def render(results: Path = RESULTS) -> str:
             lines.append(f"- command: `{result['command']}`")
         lines.append(f"- machine: {machine_line(result)}")
         lines += [line for line in render_one(result) if not line.endswith(": None")]
+        curve = (
+            results / f"{path.stem}_curve.json"
+        )  # a learning curve beside its result: its fit, in this section
+        if curve.is_file():
+            lines += render_curve(load(curve))
         lines.append("")
     return "\n".join(lines)
 
