@@ -172,16 +172,14 @@ class DraftCache:
         visible: torch.Tensor,
         valid_new: torch.Tensor,
         dtype: torch.dtype,
-        positions_new: torch.Tensor | None = None,
+        positions_new: torch.Tensor,
     ) -> Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         """An ``attend`` callback for one draft forward of ``Q`` queries.
 
         ``visible[B, Q, L + Q]`` says which columns (cached, then new) each query sees; the new keys/values are
         appended to the cache, with ``valid_new[B, Q]`` recording which of them are real and ``positions_new[B, Q]``
-        their positions (needed only by windowed layers).
+        their positions (read by windowed layers).
         """
-        if positions_new is None:
-            positions_new = torch.zeros(valid_new.shape, dtype=torch.long, device=valid_new.device)
         self.valid = torch.cat([self.valid, valid_new], dim=1)
         self.positions = torch.cat([self.positions, positions_new], dim=1)
         masks = {
