@@ -249,14 +249,14 @@ class ChatMasker:
             )
         # the LAST end-of-turn token inside the turn: one for most templates, but a harmony answer carries its
         # analysis message (<|end|>) before the final one (<|return|>), and the model writes both
-        ends = []
+        end = None
         for position in range(start, len(ids)):
             if offsets[position][0] >= answer_chars:
                 break
             if ids[position] in self.eot_ids:
-                ends.append(position)
-        if ends:
-            return start, ends[-1]
+                end = position
+        if end is not None:
+            return start, end
         raise MaskingError(
             "no_end_of_turn", f"{where}: an assistant turn has no {self.eot_token!r} where it ends"
         )
