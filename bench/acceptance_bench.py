@@ -416,6 +416,12 @@ def main() -> None:
         "--quick", action="store_true", help="tiny sizes, run dir outputs/bench_quick (~15 min)"
     )
     parser.add_argument("--out", help="result JSON (default bench/results/acceptance[_quick].json)")
+    parser.add_argument(
+        "--train-only",
+        action="store_true",
+        help="run data_gen, the training lanes and the exports, then stop: the measurements need the machine to "
+        "themselves, so they can run later (a rerun without this flag skips every completed stage)",
+    )
     args = parser.parse_args()
     cfg = settings(args.quick)
     root = Path(cfg["root"])
@@ -425,6 +431,13 @@ def main() -> None:
     for wave in pipeline(root, cfg["overrides"], cfg["eval_every"], cfg["cpu_budget_s"]):
         stage_records.update(run_wave(wave, logs))
     curve_exports = export_curve(root, logs, cfg["curve_checkpoints"])
+    if args.train_only:
+        print(
+            f"[bench] --train-only: every training stage is complete under {root}; measure with the same "
+            "command without --train-only, with the machine to itself",
+            flush=True,
+        )
+        return
 
     import torch
 
