@@ -56,6 +56,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +82,8 @@ SOURCE_NAME = "source.json"
 RECIPE_DEFAULTS = {
     "lr": 3e-4,
     "warmup_ratio": 0.03,
-    "micro_batch_size": 4,
+    "micro_batch_size": 1,
     "grad_accum": 1,
-    "ttt_steps": 3,
-    "step_weight_decay": 0.8,
     "draft_vocab_size": 8192,
 }
 TRAINING_STATE_FILES = ("optimizer_state_dict.pt", "scheduler_state_dict.pt", "training_state.json")
@@ -228,8 +228,201 @@ def read_peer_sample(peer_data: Path, row: int) -> dict[str, torch.Tensor]:
     }
 
 
+# ---- the algorithms -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PeerAlgorithm:
+    """One draft type the peer lane trains with the peer's own trainer: its ``--speculator-type``, our recipe it is
+    matched to, the recipe's draft/objective settings (``--recipe`` reads them from the recipe instead), the peer
+    flags those settings become, and what is (not) matched. Shared by every algorithm: the data, vocabulary,
+    optimizer and schedule flags (:func:`peer_flags`) and :data:`COMMON_MATCHED` / :func:`common_not_matched`."""
+
+    speculator_type: str
+    recipe: str
+    draft_defaults: dict[str, Any]
+    draft_flags: Callable[[dict[str, Any]], list[str]]
+    matched: list[str]
+    not_matched: Callable[[dict[str, Any]], list[str]]
+    needs_mask_token: bool = False
+
+    def vllm_speculative_config(self, draft: Path) -> dict[str, Any]:
+        """How the bench serves the export (the same bridge as our drafts): EAGLE-3 at k = 3, the parallel drafters
+        at their own ``speculative_tokens`` through our algorithm unit (P-EAGLE: parallel drafting)."""
+        from speculators.serving import draft_speculative_config, eagle3_speculative_config
+
+        if self.speculator_type == "eagle3":
+            return eagle3_speculative_config(draft, 3)
+        return draft_speculative_config(draft)
+
+
+def _bool_flag(name: str, on: bool) -> str:
+    return f"--{name}" if on else f"--no-{name}"
+
+
+def eagle3_flags(draft: dict[str, Any]) -> list[str]:
+    """EAGLE-3: llama layers at full attention, norm before the residual, TTT unrolled with per-step decay."""
+    return [
+        "--draft-arch", "llama",
+        "--full-attention-indices", *map(str, range(draft["num_layers"])),
+        _bool_flag("norm-before-residual", draft["norm_before_residual"]),
+        "--no-norm-before-fc",
+        "--no-norm-output",
+        "--mask-token-id", "0",  # unused by eagle3; explicit so the peer does not load a tokenizer to pick one
+        "--ttt-steps", str(draft["ttt_steps"]),
+        "--ttt-step-loss-decay", repr(draft["step_weight_decay"]),
+    ]  # fmt: skip
+
+
+def peagle_flags(draft: dict[str, Any]) -> list[str]:
+    """P-EAGLE: our EAGLE-3-shaped layers (llama, full attention), K = our ttt_steps depths, our COD seed cap and
+    mask token, trainable embedding."""
+    return [
+        "--draft-arch", "llama",
+        "--full-attention-indices", *map(str, range(draft["num_layers"])),
+        _bool_flag("norm-before-residual", draft["norm_before_residual"]),
+        "--no-norm-before-fc",
+        "--no-norm-output",
+        _bool_flag("embed-requires-grad", draft["embed_requires_grad"]),
+        "--mask-token-id", str(draft["mask_token_id"]),
+        "--num-depths", str(draft["ttt_steps"]),
+        "--max-anchors", str(draft["max_anchors"]),
+    ]  # fmt: skip
+
+
+def dflash_flags(draft: dict[str, Any]) -> list[str]:
+    """DFlash: qwen3 layers (what vLLM builds), our block size, anchors, slot weighting and mask token; the anchor
+    slot is not a prediction (block_size - 1 drafts, as ours). Causal blocks (our ``block_causal``) = every layer
+    sliding-window with the window at the verifier's context, intra-block causal (the peer's full-attention layers
+    are always bidirectional); bidirectional blocks = every layer full attention."""
+    attention = (
+        ["--sliding-window", str(draft["sliding_window"]), "--no-sliding-window-non-causal"]
+        if draft["block_causal"]
+        else ["--full-attention-indices", *map(str, range(draft["num_layers"]))]
+    )
+    weighting = {"exp_decay": "fixed-exp-decay", "dpace": "dpace"}[draft["position_weighting"]]
+    return [
+        "--draft-arch", "qwen3",
+        *attention,
+        "--mask-token-id", str(draft["mask_token_id"]),
+        "--block-size", str(draft["block_size"]),
+        "--no-sample-from-anchor",
+        "--max-anchors", str(draft["max_anchors"]),
+        "--per-position-loss-weight", weighting,
+        "--dflash-decay-gamma", repr(draft["decay_gamma"]),
+        "--dpace-alpha", repr(draft["dpace_alpha"]),
+    ]  # fmt: skip
+
+
+def eagle3_not_matched(draft: dict[str, Any]) -> list[str]:
+    return [
+        "fc init: peer random; ours fc_init feature_rms (columns scaled by 1/RMS of each feature dim)",
+        "TTT inputs: the peer teacher-forces ground-truth tokens into later steps; no out-of-vocab target mask",
+    ]
+
+
+def peagle_not_matched(draft: dict[str, Any]) -> list[str]:
+    gaps = [
+        "fc init: peer random; ours fc_init feature_rms (columns scaled by 1/RMS of each feature dim)",
+        "mask_hidden init: peer torch.randn; ours follows our P-EAGLE model's init",
+        "compute: the peer forwards only the COD-sampled elements; ours computes every depth at every position and "
+        "trains the COD-sampled ones (same loss elements, different CPU per step)",
+        "out-of-vocab targets: the peer does not mask them; ours does (train.mask_out_of_vocab)",
+        "per-depth normalisation: ours normalises each depth by its trained count; the peer's compound loss over "
+        "the flat sampled sequence (not verified equal)",
+    ]
+    if draft["step_weight_decay"] != 1.0:
+        gaps.append(f"depth weights: ours {draft['step_weight_decay']}^d; the peer weighs every depth 1.0")
+    if not draft["embed_requires_grad"]:
+        gaps.append("embedding: the peer's P-EAGLE always trains it (its config default); ours freezes it")
+    return gaps
+
+
+def dflash_not_matched(draft: dict[str, Any]) -> list[str]:
+    gaps = [
+        "fc init: peer random; ours per model.fc_init (feature_rms in the *_large recipes)",
+        "anchors: both sample up to max_anchors loss-mask positions per micro batch, each with its own RNG",
+        "out-of-vocab targets: the peer does not mask them; ours does (train.mask_out_of_vocab)",
+        "loss normalisation: ours divides the weighted sum by the global batch's weight total; the peer's compound "
+        "loss (not verified equal)",
+    ]
+    if draft["position_weighting"] == "dpace":
+        gaps.append(
+            "D-PACE: the peer requires --loss-fn ce (hard argmax targets) for it; the lane keeps kl_div"
+        )
+    return gaps
+
+
+COMMON_DRAFT = {"num_layers": 1}
+ALGORITHMS: dict[str, PeerAlgorithm] = {
+    "eagle3": PeerAlgorithm(
+        speculator_type="eagle3",
+        recipe="eagle3_smollm2_large",
+        draft_defaults={
+            **COMMON_DRAFT,
+            "ttt_steps": 3,
+            "step_weight_decay": 0.8,
+            "norm_before_residual": True,
+        },
+        draft_flags=eagle3_flags,
+        matched=[
+            "draft: llama decoder layers, full attention, norm_before_residual, no norm_before_fc/norm_output",
+            "TTT steps, step-weight decay (--ttt-step-loss-decay)",
+        ],
+        not_matched=eagle3_not_matched,
+    ),
+    "peagle": PeerAlgorithm(
+        speculator_type="peagle",
+        recipe="peagle_smollm2_large",
+        draft_defaults={
+            **COMMON_DRAFT,
+            "ttt_steps": 4,
+            "step_weight_decay": 1.0,
+            "norm_before_residual": True,
+            "embed_requires_grad": True,
+            "max_anchors": 256,
+            "mask_token_id": None,
+        },
+        draft_flags=peagle_flags,
+        matched=[
+            "draft: llama decoder layers (our EAGLE-3 layer), full attention, norm_before_residual, no "
+            "norm_before_fc/norm_output, trainable embedding",
+            "K depths = our train.ttt_steps (--num-depths: the export's speculative_tokens)",
+            "COD sampling: our train.max_anchors seeds (--max-anchors), keep ratio max(0.7^d, 0.2) (both defaults)",
+            "mask token: our resolver's id (speculators.mask_token on the data's token counts) via --mask-token-id",
+        ],
+        not_matched=peagle_not_matched,
+        needs_mask_token=True,
+    ),
+    "dflash": PeerAlgorithm(
+        speculator_type="dflash",
+        recipe="dflash_smollm2_large",
+        draft_defaults={
+            **COMMON_DRAFT,
+            "block_size": 5,
+            "block_causal": True,
+            "max_anchors": 256,
+            "position_weighting": "exp_decay",
+            "decay_gamma": 4.0,
+            "dpace_alpha": 0.5,
+            "mask_token_id": None,
+            "sliding_window": None,  # None: the verifier's context (max_position_embeddings), as ours
+        },
+        draft_flags=dflash_flags,
+        matched=[
+            "draft: qwen3 decoder layers (q/k norm), our num_layers, block_size (block_size - 1 drafts, the anchor "
+            "slot untrained: --no-sample-from-anchor), causal blocks as ours (block_causal)",
+            "anchors per micro batch (--max-anchors), slot weights exp(-(j-1)/gamma) = ours exp(-j/gamma) "
+            "(--per-position-loss-weight fixed-exp-decay, --dflash-decay-gamma)",
+            "mask token: our resolver's id (speculators.mask_token on the data's token counts) via --mask-token-id",
+        ],
+        not_matched=dflash_not_matched,
+        needs_mask_token=True,
+    ),
+}
+
+
 # ---- the peer's trainer ----------------------------------------------------------------------------------------
 def peer_flags(
+    algorithm: PeerAlgorithm,
     conversion: dict[str, Any],
     peer_data: Path,
     run_dir: Path,
@@ -239,14 +432,14 @@ def peer_flags(
     lr: float,
     warmup_ratio: float,
     total_seq_len: int,
-    ttt_steps: int,
-    step_weight_decay: float,
     seed: int,
+    draft: dict[str, Any],
     dry_run: bool = False,
 ) -> list[str]:
-    """The ``speculators train`` flags of the lane (real flag names of speculators 0.9.0)."""
+    """The ``speculators train`` flags of the lane (real flag names of speculators 0.9.0): the data, vocabulary,
+    optimizer and schedule every algorithm shares, then ``algorithm``'s draft and objective flags."""
     flags = [
-        "--speculator-type", "eagle3",
+        "--speculator-type", algorithm.speculator_type,
         "--verifier-name-or-path", verifier,
         "--data-path", str(peer_data / "dataset"),
         "--hidden-states-path", str(peer_data / "hidden_states"),
@@ -259,18 +452,10 @@ def peer_flags(
         "--t2d-path", str(peer_data / "t2d.npy"),
         "--draft-vocab-size", str(draft_vocab_size),
         "--target-layer-ids", *map(str, conversion["aux_layer_ids"]),
-        "--num-layers", "1",
-        "--draft-arch", "llama",
-        "--full-attention-indices", "0",
-        "--norm-before-residual",
-        "--no-norm-before-fc",
-        "--no-norm-output",
-        "--mask-token-id", "0",  # unused by eagle3; explicit so the peer does not load a tokenizer to pick one
+        "--num-layers", str(draft["num_layers"]),
         "--draft-attn-impl", "sdpa",
         "--loss-implementation", "eager",
-        "--loss-fn", "kl_div",
-        "--ttt-steps", str(ttt_steps),
-        "--ttt-step-loss-decay", repr(step_weight_decay),
+        "--loss-fn", "kl_div",  # forward KL to the verifier's distribution: our soft cross-entropy's gradient
         "--optimizer", "adamw",
         "--lr", repr(lr),
         "--weight-decay", "0",
@@ -281,6 +466,7 @@ def peer_flags(
         "--log-dir", str(run_dir / "logs"),
         "--no-resume-from-checkpoint",
     ]  # fmt: skip
+    flags += algorithm.draft_flags(draft)
     return flags + (["--dry-run"] if dry_run else [])
 
 
@@ -400,31 +586,51 @@ def weight_changes(init_dir: Path, trained_dir: Path) -> dict[str, float]:
 
 
 def vllm_check(
-    draft: Path, data_dir: Path, verifier: str, *, prompts: int, k: int = 3, max_tokens: int = 64
+    algorithm: PeerAlgorithm,
+    draft: Path,
+    data_dir: Path,
+    verifier: str,
+    *,
+    prompts: int,
+    max_tokens: int = 64,
 ) -> dict:
     """Serve the peer's export in vLLM (our bridge, fp32, greedy) on the first held-out prompts, beside plain
-    decoding: acceptance length and whether the greedy output is unchanged."""
+    decoding: acceptance length, whether the greedy output is unchanged, and (parallel drafters) whether vLLM
+    drafted in one forward. A refusal by vLLM is recorded with its reason, not raised: it is a finding."""
     from transformers import AutoTokenizer
 
     from speculators.eval.prompts import load_prompts, select_prompts
-    from speculators.serving import VllmRequest, eagle3_speculative_config, run_vllm
+    from speculators.serving import VllmRequest, run_vllm
+    from speculators.serving.vllm_bridge import VllmError
 
     tokenizer = AutoTokenizer.from_pretrained(verifier)
     ids, _, _ = select_prompts(
         tokenizer, load_prompts(data_dir / "heldout_conversations.jsonl"), 512, prompts
     )
     base = dict(model=verifier, prompts=ids, max_tokens=max_tokens, dtype="float32", max_model_len=1024)
-    spec = eagle3_speculative_config(draft, k)
-    plain, drafted = run_vllm(
-        [VllmRequest(**base, name="plain"), VllmRequest(**base, speculative_config=spec, name=f"peer/k{k}")],
-        log_path=draft.parent / "peer_vllm.log",
-    )
+    spec = algorithm.vllm_speculative_config(draft)
+    k = int(spec["num_speculative_tokens"])
+    try:
+        plain, drafted = run_vllm(
+            [
+                VllmRequest(**base, name="plain"),
+                VllmRequest(**base, speculative_config=spec, name=f"peer/k{k}", count_draft_forwards=True),
+            ],
+            log_path=draft.parent / "peer_vllm.log",
+        )
+    except VllmError as error:
+        return {"served": False, "refused": str(error)[-2000:], "speculative_config": scrub(spec, REPO)}
     return {
+        "served": True,
         "prompts": len(ids),
         "k": k,
+        "speculative_config": scrub(spec, REPO),
         "acceptance_length": drafted.spec.mean_acceptance_length if drafted.spec else None,
         "per_position_acceptance": drafted.spec.per_position_acceptance_rate if drafted.spec else None,
         "num_drafts": drafted.spec.num_drafts if drafted.spec else None,
+        "vllm_method": drafted.spec.method if drafted.spec else None,
+        "parallel_drafting": drafted.spec.parallel_drafting if drafted.spec else None,
+        "draft_forwards": drafted.spec.draft_forwards if drafted.spec else None,
         "greedy_output_unchanged": plain.token_ids == drafted.token_ids,
         "vllm_version": drafted.vllm_version,
     }
@@ -437,17 +643,90 @@ def default_tokens_per_step(train_lengths: list[int], samples_per_step: int) -> 
     return max(round(samples_per_step * mean), max(train_lengths))
 
 
+def resolve_draft(
+    algorithm: PeerAlgorithm, draft: dict[str, Any] | None, data_dir: Path, verifier: str
+) -> dict[str, Any]:
+    """The algorithm's draft settings (its recipe defaults, updated with ``draft``) with what OUR trainer derives
+    filled in: the mask token id our resolver picks (speculators.mask_token: the verifier's tokenizer and this
+    data's token counts, or the recipe's id) and its reason, and DFlash's window (the verifier's context)."""
+    settings = {**algorithm.draft_defaults, **(draft or {})}
+    config = json.loads((Path(verifier) / "config.json").read_text())
+    if algorithm.needs_mask_token:
+        from transformers import AutoTokenizer
+
+        from speculators.mask_token import resolve_mask_token
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(verifier)
+        except (OSError, ValueError):  # a verifier directory without tokenizer files, as train/assemble.py
+            tokenizer = None
+        counts, _ = read_token_counts(data_dir)
+        token_id, reason = resolve_mask_token(
+            tokenizer, int(config["vocab_size"]), counts, settings.get("mask_token_id")
+        )
+        settings.update(mask_token_id=token_id, mask_token_reason=reason)
+    if "sliding_window" in settings and settings["sliding_window"] is None:
+        settings["sliding_window"] = int(config["max_position_embeddings"])
+    return settings
+
+
+def train_cpu_per_step(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """CPU-seconds per optimizer step from the launcher's ``cpu_s`` stamps on the peer's training records: the
+    mean over every step after the first (the first carries one-off start-up work)."""
+    stamps = [m["cpu_s"] for m in metrics if "train" in m and "cpu_s" in m]
+    if len(stamps) < 2:
+        return None
+    per_step = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+    return {
+        "steps": len(stamps),
+        "cpu_seconds_per_step": per_step,
+        "train_cpu_seconds": per_step * len(stamps),
+    }
+
+
+def fit_cpu_budget(
+    flags: list[str], probe_dir: Path, *, budget: float, cap: int, probe_steps: int, threads: int
+) -> dict[str, Any]:
+    """The optimizer steps of the peer that fit ``budget`` training CPU-seconds, capped at ``cap`` (our recipe's
+    step count). The peer's trainer has no CPU or time limit and fixes its schedule from its step count up front,
+    so a short probe run of the lane's flags (``flags``, with ``probe_dir`` as their run directory) measures its CPU per step (:func:`train_cpu_per_step`) and the real
+    run gets ``budget / per_step`` steps: its cosine schedule spans exactly those, as ours is refitted to its
+    budget. The probe's own CPU is recorded, not charged to the budget (our trainer's probe steps are part of
+    its run instead)."""
+    shutil.rmtree(probe_dir, ignore_errors=True)
+    probe_dir.mkdir(parents=True)
+    probe = run_peer(flags, probe_dir, steps=probe_steps, threads=threads)
+    timing = train_cpu_per_step(probe["metrics"])
+    if timing is None:
+        raise RuntimeError(
+            f"the peer's probe logged fewer than 2 training steps; see {probe_dir}/peer_stderr.log"
+        )
+    fitted = max(1, min(cap, int(budget / timing["cpu_seconds_per_step"])))
+    shutil.rmtree(probe_dir / "checkpoints", ignore_errors=True)
+    return {
+        "cpu_budget_s": budget,
+        "method": f"a {probe_steps}-step probe run of the same flags; CPU per step = mean of steps 2..{probe_steps} "
+        "(the launcher stamps process CPU on every training record); steps = budget / per step, capped at the "
+        "recipe's step count",
+        "probe_steps": probe_steps,
+        "probe_cpu_seconds_per_step": timing["cpu_seconds_per_step"],
+        "probe_process_cpu_seconds": probe["cpu_seconds"],
+        "steps_cap": cap,
+        "steps": fitted,
+    }
+
+
 def train_peer(
     data_dir: Path,
     out: Path,
     *,
     steps: int,
+    algorithm: str = "eagle3",
+    draft: dict[str, Any] | None = None,
     lr: float = RECIPE_DEFAULTS["lr"],
     warmup_ratio: float = RECIPE_DEFAULTS["warmup_ratio"],
     micro_batch_size: int = RECIPE_DEFAULTS["micro_batch_size"],
     grad_accum: int = RECIPE_DEFAULTS["grad_accum"],
-    ttt_steps: int = RECIPE_DEFAULTS["ttt_steps"],
-    step_weight_decay: float = RECIPE_DEFAULTS["step_weight_decay"],
     draft_vocab_size: int = RECIPE_DEFAULTS["draft_vocab_size"],
     draft_vocab_file: Path | None = None,
     loss_positions: str = "assistant",
@@ -455,13 +734,18 @@ def train_peer(
     tokens_per_step: int | None = None,
     seed: int = 0,
     threads: int = 1,
+    cpu_budget: float | None = None,
+    probe_steps: int = 6,
     check_init: bool = False,
     vllm_prompts: int = 0,
 ) -> dict[str, Any]:
-    """Convert ``data_dir``, train the peer for ``steps`` optimizer steps, export and validate; returns the report
-    also written to ``<out>/peer_lane.json``. ``check_init`` first saves the peer's own initial draft (its
-    ``--dry-run``, same seed) and reports how far training moved each tensor; ``vllm_prompts`` > 0 also serves
-    the export in vLLM at k=3 on that many held-out prompts."""
+    """Convert ``data_dir``, train ``algorithm`` (a key of :data:`ALGORITHMS`; ``draft`` updates its draft settings)
+    with the peer for ``steps`` optimizer steps, or as many as fit ``cpu_budget`` training CPU-seconds (at most
+    ``steps``: :func:`fit_cpu_budget`), export and validate; returns the report also written to
+    ``<out>/peer_lane.json``. ``check_init`` first saves the peer's own initial draft (its ``--dry-run``, same
+    seed) and reports how far training moved each tensor; ``vllm_prompts`` > 0 also serves the export in vLLM on
+    that many held-out prompts."""
+    peer_algorithm = ALGORITHMS[algorithm]
     out = Path(out).resolve()
     data_dir = Path(data_dir).resolve()
     peer_data, run_dir = out / "peer_data", out / "peer_run"
@@ -471,11 +755,22 @@ def train_peer(
     save_vocab_npy(vocab, peer_data)  # every run: the vocabulary is a setting, not part of the converted data
     convert_seconds = time.perf_counter() - start
     verifier = verifier or resolve_verifier(conversion["verifier"])
+    draft_settings = resolve_draft(peer_algorithm, draft, data_dir, verifier)
     samples_per_step = micro_batch_size * grad_accum
     total_seq_len = tokens_per_step or default_tokens_per_step(conversion["train_lengths"], samples_per_step)
-    settings = dict(lr=lr, warmup_ratio=warmup_ratio, total_seq_len=total_seq_len, ttt_steps=ttt_steps)
-    settings.update(step_weight_decay=step_weight_decay, seed=seed, verifier=verifier)
-    settings.update(draft_vocab_size=vocab.draft_vocab_size)
+    settings = dict(
+        lr=lr, warmup_ratio=warmup_ratio, total_seq_len=total_seq_len, seed=seed, verifier=verifier
+    )
+    settings.update(draft_vocab_size=vocab.draft_vocab_size, draft=draft_settings)
+    flags = peer_flags(peer_algorithm, conversion, peer_data, run_dir, **settings)
+    budget = None
+    if cpu_budget:
+        probe_dir = out / "peer_probe"
+        probe_flags = peer_flags(peer_algorithm, conversion, peer_data, probe_dir, **settings)
+        budget = fit_cpu_budget(
+            probe_flags, probe_dir, budget=cpu_budget, cap=steps, probe_steps=probe_steps, threads=threads
+        )
+        steps = budget["steps"]
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     init = None
@@ -484,27 +779,30 @@ def train_peer(
         shutil.rmtree(init_dir, ignore_errors=True)
         init_dir.mkdir(parents=True)
         run_peer(
-            peer_flags(conversion, peer_data, init_dir, dry_run=True, **settings),
+            peer_flags(peer_algorithm, conversion, peer_data, init_dir, dry_run=True, **settings),
             init_dir,
             steps=1,
             threads=threads,
         )
         init = init_dir / "checkpoints"  # its --dry-run saves the initial draft right there
-    run = run_peer(
-        peer_flags(conversion, peer_data, run_dir, **settings), run_dir, steps=steps, threads=threads
-    )
+    run = run_peer(flags, run_dir, steps=steps, threads=threads)
     checkpoint = last_checkpoint(run_dir / "checkpoints")
-    draft = out / "peer_draft"
-    files = export_peer(checkpoint, draft)
+    export = out / "peer_draft"
+    files = export_peer(checkpoint, export)
     launch = run.pop("launch")
+    cpu_per_step = train_cpu_per_step(run["metrics"])
     report = {
+        "algorithm": algorithm,
+        "speculator_type": peer_algorithm.speculator_type,
         "data_dir": str(data_dir),
         "peer": "speculators==0.9.0 (.venv-speculators), its own trainer and save_pretrained",
         "commands": {"convert": "in-process (ours)", "train": run.pop("command")},
         "convert_seconds": convert_seconds,
         "conversion": {k: v for k, v in conversion.items() if k != "train_lengths"},
         "draft_vocab": {"size": vocab.draft_vocab_size, "provenance": vocab.provenance},
+        "draft": draft_settings,
         "steps": steps,
+        "budget": budget,
         "epochs": launch["epochs"],
         "samples_trained": launch["samples_trained"],
         "samples_per_step_mean": launch["samples_per_step_mean"],
@@ -514,42 +812,50 @@ def train_peer(
         "tokens_trained": launch["tokens_trained"],
         "threads": threads,
         "wall_seconds": run["wall_seconds"],
-        "cpu_seconds": run["cpu_seconds"],
+        "cpu_seconds": run["cpu_seconds"],  # the whole peer process: start-up, steps, validation, checkpoints
+        "train_cpu_seconds": cpu_per_step and cpu_per_step["train_cpu_seconds"],  # the steps alone (estimate)
         "trainer_seconds": launch["train_seconds"],
         "seconds_per_step": launch["train_seconds"] / steps,  # everything in the trainer, over the steps
         "step_timing": step_timing(run["metrics"]),  # the optimizer steps alone
         "cpu_shim_applied": launch["cpu_shim_applied"],
         "losses": final_losses(run["metrics"]),
         "checkpoint": str(checkpoint),
-        "export": {"dir": str(draft), "files": files},
-        "validation": validation_result(draft),
-        "weight_max_abs_change": weight_changes(init, draft) if init else None,
-        "vllm": vllm_check(draft, data_dir, verifier, prompts=vllm_prompts) if vllm_prompts else None,
-        "matched": MATCHED,
-        "not_matched": not_matched(lr, samples_per_step, total_seq_len, launch["samples_per_step_mean"]),
+        "export": {"dir": str(export), "files": files},
+        "validation": validation_result(export),
+        "weight_max_abs_change": weight_changes(init, export) if init else None,
+        "vllm": vllm_check(peer_algorithm, export, data_dir, verifier, prompts=vllm_prompts)
+        if vllm_prompts
+        else None,
+        "matched": [*COMMON_MATCHED, *peer_algorithm.matched],
+        "not_matched": [
+            *common_not_matched(lr, samples_per_step, total_seq_len, launch["samples_per_step_mean"]),
+            *peer_algorithm.not_matched(draft_settings),
+        ],
     }
     atomic_write_json(out / "peer_lane.json", report)
     return report
 
 
-MATCHED = [
+COMMON_MATCHED = [
     "data: the same tokens, verifier features (3 aux + pre-norm last state), loss mask, train/held-out split",
     "draft vocabulary: our d2t/t2d (same size and mapping) via --d2t-path/--t2d-path",
-    "draft: 1 llama decoder layer, full attention, norm_before_residual, no norm_before_fc/norm_output, our aux ids",
-    "TTT steps, step-weight decay (--ttt-step-loss-decay), forward-KL loss, fp32 on CPU",
-    "AdamW lr and weight decay 0, cosine to 0 with the warmup ratio, number of optimizer steps",
+    "aux layer ids (--target-layer-ids), number of draft layers (--num-layers), hidden/heads from the verifier",
+    "forward-KL loss to the verifier's distribution (--loss-fn kl_div), fp32 on CPU",
+    "AdamW lr and weight decay 0, cosine to 0 with the warmup ratio",
+    "optimizer steps: our recipe's step count, or (--cpu-budget) the steps that fit the budget (see 'budget')",
 ]
 
 
-def not_matched(lr: float, samples_per_step: int, tokens_per_step: int, peer_samples: float) -> list[str]:
+def common_not_matched(
+    lr: float, samples_per_step: int, tokens_per_step: int, peer_samples: float
+) -> list[str]:
+    """What no algorithm of the peer's trainer lets the lane match."""
     return [
         f"batch: ours {samples_per_step} samples/step; the peer packs {tokens_per_step}-token rows "
         f"({peer_samples:.2f} samples/step on average)",
         "AdamW betas: peer (0.9, 0.999) (torch default, no flag); ours (0.9, 0.95)",
         "grad clip: peer 1.0 (hard-coded); ours 0.5",
         "lm_head: both start from the verifier's rows; the peer freezes it, ours trains it",
-        "fc init: peer random; ours fc_init feature_rms (columns scaled by 1/RMS of each feature dim)",
-        "TTT inputs: the peer teacher-forces ground-truth tokens into later steps; no out-of-vocab target mask",
         "sample order: the peer's multipack sampler shuffles with its own seed",
         f"warmup: the peer uses int(steps x ratio) steps at lr {lr}",
     ]
@@ -566,9 +872,13 @@ def resolve_verifier(verifier: dict[str, Any]) -> str:
     )
 
 
-def recipe_settings(recipe: str, overrides: list[str], data_dir: Path) -> dict[str, Any]:
-    """The training settings of our recipe (Hydra-composed, with ``overrides``), and its optimizer step count on
-    ``data_dir`` (the trainer's own batch plan: whole global batches per epoch x epochs, capped by max_steps)."""
+def recipe_settings(
+    recipe: str, overrides: list[str], data_dir: Path, algorithm: str = "eagle3"
+) -> dict[str, Any]:
+    """The training settings of our recipe (Hydra-composed, with ``overrides``), its optimizer step count on
+    ``data_dir`` (the trainer's own batch plan: whole global batches per epoch x epochs, capped by max_steps) and
+    its draft settings (``draft``: each key of the algorithm's ``draft_defaults`` read from ``model`` or ``train``;
+    a key neither has keeps its default)."""
     from hydra import compose, initialize_config_dir
 
     from train.data import BatchPlan
@@ -576,6 +886,8 @@ def recipe_settings(recipe: str, overrides: list[str], data_dir: Path) -> dict[s
     with initialize_config_dir(config_dir=str(REPO / "recipes"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"recipe={recipe}", *overrides])
     train = cfg.train
+    if str(train.algorithm) != algorithm:
+        raise SystemExit(f"recipe {recipe} trains {train.algorithm!r}; pass --algorithm {train.algorithm}")
     samples = int(read_manifest(data_dir / "train")["num_samples"])
     if train.max_samples:
         samples = min(samples, int(train.max_samples))
@@ -585,17 +897,22 @@ def recipe_settings(recipe: str, overrides: list[str], data_dir: Path) -> dict[s
         steps = min(steps, int(train.max_steps))
     if cfg.schedule.name != "cosine":
         raise SystemExit(f"recipe {recipe}: schedule {cfg.schedule.name!r}; the peer lane passes cosine only")
+    draft = {}
+    for key, default in ALGORITHMS[algorithm].draft_defaults.items():
+        value = cfg.model.get(key, cfg.train.get(key, default))
+        draft[key] = (
+            value if isinstance(value, (bool, str)) or value is None else type(default or value)(value)
+        )
     return {
         "steps": steps,
         "lr": float(cfg.optim.lr),
         "warmup_ratio": float(cfg.schedule.warmup_ratio),
         "micro_batch_size": int(train.micro_batch_size),
         "grad_accum": int(train.grad_accum),
-        "ttt_steps": int(train.ttt_steps),
-        "step_weight_decay": float(train.step_weight_decay),
         "draft_vocab_size": int(cfg.model.draft_vocab_size),
         "loss_positions": str(train.loss_positions),
         "seed": int(cfg.seed),
+        "draft": draft,
     }
 
 
@@ -607,21 +924,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, required=True, help="writes peer_data/ peer_draft/ peer_lane.json here"
     )
-    parser.add_argument("--steps", type=int, help="optimizer steps (our run's step count; or --recipe)")
+    parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="eagle3", help="the draft type")
+    parser.add_argument("--steps", type=int, help="optimizer steps (default with --recipe: the recipe's)")
     parser.add_argument(
         "--recipe",
-        help="take steps, lr, warmup, batch, TTT, step decay, vocab size and seed from this recipe",
+        help="take steps, lr, warmup, batch, draft settings, vocab size and seed from this recipe (our recipe of "
+        "the same --algorithm); explicit flags win",
     )
     parser.add_argument(
         "--override", action="append", default=[], help="a Hydra override of --recipe (repeatable)"
     )
-    parser.add_argument("--lr", type=float, default=RECIPE_DEFAULTS["lr"])
-    parser.add_argument("--warmup-ratio", type=float, default=RECIPE_DEFAULTS["warmup_ratio"])
-    parser.add_argument("--micro-batch-size", type=int, default=RECIPE_DEFAULTS["micro_batch_size"])
-    parser.add_argument("--grad-accum", type=int, default=RECIPE_DEFAULTS["grad_accum"])
-    parser.add_argument("--ttt-steps", type=int, default=RECIPE_DEFAULTS["ttt_steps"])
-    parser.add_argument("--step-weight-decay", type=float, default=RECIPE_DEFAULTS["step_weight_decay"])
-    parser.add_argument("--draft-vocab-size", type=int, default=RECIPE_DEFAULTS["draft_vocab_size"])
+    parser.add_argument(
+        "--cpu-budget",
+        type=float,
+        help="training CPU-seconds: run the steps that fit (a timing probe; at most --steps or the recipe's)",
+    )
+    parser.add_argument("--probe-steps", type=int, default=6, help="steps of the --cpu-budget timing probe")
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--warmup-ratio", type=float)
+    parser.add_argument("--micro-batch-size", type=int)
+    parser.add_argument("--grad-accum", type=int)
+    parser.add_argument("--ttt-steps", type=int, help="EAGLE-3's TTT steps; P-EAGLE's K depths")
+    parser.add_argument("--step-weight-decay", type=float)
+    parser.add_argument("--draft-vocab-size", type=int)
     parser.add_argument(
         "--draft-vocab-file", type=Path, help="our run's draft_vocab.safetensors (else built)"
     )
@@ -629,8 +954,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tokens-per-step", type=int, help="the peer's --total-seq-len (default: see docstring)"
     )
-    parser.add_argument("--loss-positions", choices=["assistant", "all"], default="assistant")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loss-positions", choices=["assistant", "all"])
+    parser.add_argument("--seed", type=int)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--check-init", action="store_true", help="also save the peer's init and diff weights"
@@ -638,37 +963,59 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vllm-prompts", type=int, default=0, help="serve the export in vLLM on N held-out prompts"
     )
+    parser.add_argument(
+        "--require-valid", action="store_true", help="exit 1 when our validator rejects the export"
+    )
     args = parser.parse_args(argv)
+    algorithm = ALGORITHMS[args.algorithm]
+    base = {**RECIPE_DEFAULTS, "loss_positions": "assistant", "seed": 0, "steps": None}
+    base["draft"] = dict(algorithm.draft_defaults)
     if args.recipe:
-        for key, value in recipe_settings(args.recipe, args.override, args.data).items():
-            setattr(args, key, value)
-    if not args.steps:
+        base.update(recipe_settings(args.recipe, args.override, args.data, args.algorithm))
+    chosen = {
+        key: value if getattr(args, key, None) is None else getattr(args, key) for key, value in base.items()
+    }
+    for key in ("ttt_steps", "step_weight_decay"):
+        if getattr(args, key) is not None:
+            chosen["draft"][key] = getattr(args, key)
+    if not chosen["steps"]:
         parser.error("give --steps or --recipe")
     report = train_peer(
         args.data,
         args.out,
-        steps=args.steps,
-        lr=args.lr,
-        warmup_ratio=args.warmup_ratio,
-        micro_batch_size=args.micro_batch_size,
-        grad_accum=args.grad_accum,
-        ttt_steps=args.ttt_steps,
-        step_weight_decay=args.step_weight_decay,
-        draft_vocab_size=args.draft_vocab_size,
+        steps=chosen["steps"],
+        algorithm=args.algorithm,
+        draft=chosen["draft"],
+        lr=chosen["lr"],
+        warmup_ratio=chosen["warmup_ratio"],
+        micro_batch_size=chosen["micro_batch_size"],
+        grad_accum=chosen["grad_accum"],
+        draft_vocab_size=chosen["draft_vocab_size"],
         draft_vocab_file=args.draft_vocab_file,
-        loss_positions=args.loss_positions,
+        loss_positions=chosen["loss_positions"],
         verifier=args.verifier,
         tokens_per_step=args.tokens_per_step,
-        seed=args.seed,
+        seed=chosen["seed"],
         threads=args.threads,
+        cpu_budget=args.cpu_budget,
+        probe_steps=args.probe_steps,
         check_init=args.check_init,
         vllm_prompts=args.vllm_prompts,
     )
-    summary = {
-        k: report[k] for k in ("steps", "wall_seconds", "cpu_seconds", "seconds_per_step", "validation")
-    }
-    print(json.dumps(summary, indent=1))
-    return 0 if report["validation"]["passed"] else 1
+    keys = (
+        "algorithm",
+        "steps",
+        "budget",
+        "wall_seconds",
+        "cpu_seconds",
+        "train_cpu_seconds",
+        "validation",
+        "vllm",
+    )
+    print(json.dumps({k: report[k] for k in keys}, indent=1))
+    # the export is the peer's, unfixed: our validator's verdict is a finding of the lane (in its JSON), and the
+    # bench still measures what vLLM serves; --require-valid makes a failed validation the lane's exit status
+    return 0 if report["validation"]["passed"] or not args.require_valid else 1
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ of the peer is patched: its model, loss, optimizer, scheduler, data loader and c
 (Its autocast on device type "cuda" is disabled by torch with a warning on CPU; the lane runs fp32 features, so
 that changes nothing.)
 
-Two read-only additions: the peer's ``max_steps`` only stops an epoch, not the run (each later epoch would still
+Read-only additions: the peer's ``max_steps`` only stops an epoch, not the run (each later epoch would still
 take one step), so the launcher sets ``--epochs`` to the fewest epochs of the peer's own packing sampler that hold
-``--steps`` batches; and a logging handler copies the peer's metric records (losses, learning rate) to a JSONL file.
+``--steps`` batches; and a logging handler copies the peer's metric records (losses, learning rate) to a JSONL file, each stamped with the process's
+CPU-seconds so far.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import time
 
 
 class JsonlMetrics(logging.Handler):
-    """Appends every dict record of the peer's ``speculators.metrics`` logger (except its hparams dump) as JSON."""
+    """Appends every dict record of the peer's ``speculators.metrics`` logger (except its hparams dump) as JSON,
+    with ``cpu_s``: this process's CPU-seconds when the record was logged (the peer logs a training record after
+    every optimizer step, so consecutive records give the CPU of one step: how the lane fits a CPU budget)."""
 
     def __init__(self, path: str) -> None:
         super().__init__()
@@ -39,7 +42,7 @@ class JsonlMetrics(logging.Handler):
         if not isinstance(record.msg, dict) or getattr(record, "hparams", False):
             return
         with open(self.path, "a") as handle:
-            handle.write(json.dumps(record.msg, default=str) + "\n")
+            handle.write(json.dumps({**record.msg, "cpu_s": time.process_time()}, default=str) + "\n")
 
 
 def install_cpu_shim() -> bool:
