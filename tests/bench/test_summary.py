@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from bench.summary import RESULTS, SUMMARY_NAME, machine_line, render, write
 
 
@@ -51,3 +53,46 @@ def test_each_section_names_its_own_machine_and_a_new_result_file_gets_a_section
 
 def test_a_machine_without_cpu_model_says_so():
     assert "not recorded" in machine_line({"machine": {"platform": "Linux", "cpus": 2}})
+
+
+def test_the_peer_trainers_parallel_drafters_reach_the_summary(tmp_path, monkeypatch):
+    """acceptance_bench's summary of a sweep with the peer trainer's P-EAGLE and DFlash: their rows in every table
+    (summary.greedy_acceptance_length.peer_peagle.k<k> ...), the ours-vs-peer goals, and SUMMARY.md's rows."""
+    from tests.conftest import REPO_ROOT
+
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    import acceptance_bench
+
+    al = {"eagle3": 1.4, "peagle": 1.3, "peer_peagle": 1.2, "dflash": 1.1, "peer_dflash": 1.25, "ngram": 1.2}
+    ks = {name: [1, 2, 3, 4] if name != "eagle3" else [1, 2, 3] for name in al}
+
+    def record(value: float) -> dict:
+        return {
+            "batched": {
+                "acceptance_length": value,
+                "tokens_per_verify_step": value,
+                "tokens_per_s": 10 * value,
+            },
+            "batch1": {"tokens_per_s": 5 * value},
+        }
+
+    sweep = {f"{name}/k{k}": record(al[name] + k / 100) for name in al for k in ks[name]}
+    sweep["plain"] = {"runs": [{"batched": {"tokens_per_s": 10.0}, "batch1": {"tokens_per_s": 5.0}}]}
+    summary = acceptance_bench.summarize(sweep, ks, [n for n in al if n != "ngram"], {})
+    assert summary["greedy_acceptance_length"]["peer_peagle"]["k4"] == pytest.approx(1.24)
+    assert summary["tokens_per_step"]["peer_dflash"]["k2"] == pytest.approx(1.27)
+    assert summary["speedup_c1"]["peer_dflash"]["k4"] == pytest.approx(1.29)
+    goals = summary["goals"]
+    assert (
+        goals["peagle_al_k4_ours_vs_peer"] == pytest.approx([1.34, 1.24])
+        and goals["peagle_at_least_peer"] is True
+    )
+    assert (
+        goals["dflash_al_k4_ours_vs_peer"] == pytest.approx([1.14, 1.29])
+        and goals["dflash_at_least_peer"] is False
+    )
+    (tmp_path / "acceptance.json").write_text(json.dumps({"mode": "full", "summary": summary}))
+    text = render(tmp_path)
+    assert "| peer_peagle | 1.21 | 1.22 | 1.23 | 1.24 |" in text
+    assert "| peer_dflash | 1.26 | 1.27 | 1.28 | 1.29 |" in text
+    assert "goal dflash_at_least_peer: False" in text

@@ -96,3 +96,91 @@ def test_peer_trained(lane):
     assert losses["last_train_step"] == 1
     assert math.isfinite(losses["last_train"]["loss"])
     assert report["cpu_seconds"] > 0 and report["tokens_trained"] > 0
+
+
+# ---- the parallel drafters (issue 20): the peer's own P-EAGLE and DFlash on the same converted data ------------
+@pytest.fixture(scope="module")
+def parallel_lanes(lane) -> dict[str, dict]:
+    """P-EAGLE under a tiny CPU budget (a probe, then the steps that fit; the cap is far above them) and DFlash
+    for 2 steps, on the lane's data."""
+    from bench.peer_lane import train_peer
+
+    data, out, _ = lane
+    root = out.parent
+    common = dict(lr=1e-3, draft_vocab_size=DRAFT_VOCAB, tokens_per_step=128)
+    peagle = train_peer(
+        data, root / "peagle", steps=10_000, algorithm="peagle", cpu_budget=0.3, probe_steps=3, **common
+    )
+    dflash = train_peer(data, root / "dflash", steps=2, algorithm="dflash", draft={"block_size": 4}, **common)
+    return {"peagle": peagle, "dflash": dflash}
+
+
+def test_peer_peagle_trains_to_the_cpu_budget_and_exports_what_our_validator_accepts(parallel_lanes):
+    from speculators.format.checkpoint import load_checkpoint
+
+    report = parallel_lanes["peagle"]
+    budget = report["budget"]
+    # the steps are what the probe's CPU per step fits in the budget, and the run took exactly those
+    assert budget["probe_cpu_seconds_per_step"] > 0 and budget["steps_cap"] == 10_000
+    assert budget["steps"] == max(1, int(0.3 / budget["probe_cpu_seconds_per_step"])) < 10_000
+    assert report["steps"] == budget["steps"] and report["losses"]["last_train_step"] == budget["steps"] - 1
+    assert report["validation"]["passed"], report["validation"]["errors"]
+    config, tensors = load_checkpoint(Path(report["export"]["dir"]))
+    assert config["speculators_model_type"] == "peagle"
+    assert (
+        config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        == report["draft"]["ttt_steps"]
+    )
+    # the mask token is the one our resolver picks for this data (no tokenizer: the lowest unused id)
+    assert config["mask_token_id"] == report["draft"]["mask_token_id"]
+    assert "never occurs" in report["draft"]["mask_token_reason"]
+    assert "mask_hidden" in tensors and "embed_tokens.weight" in tensors
+
+
+def test_peer_dflash_trains_and_our_validator_rejects_only_its_missing_embedding(parallel_lanes):
+    from speculators.format.checkpoint import read_config
+
+    report = parallel_lanes["dflash"]
+    config = read_config(Path(report["export"]["dir"]))
+    assert config["speculators_model_type"] == "dflash" and config["block_size"] == 4
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert config["aux_hidden_state_layer_ids"] == report["conversion"]["aux_layer_ids"]
+    assert config["mask_token_id"] == report["draft"]["mask_token_id"]
+    # causal blocks as ours: every layer sliding (window = the verifier's context), intra-block causal
+    layers = config["transformer_layer_config"]
+    assert (
+        set(layers["layer_types"]) == {"sliding_attention"} and config["sliding_window_non_causal"] is False
+    )
+    assert report["losses"]["last_train_step"] == 1 and math.isfinite(report["losses"]["last_train"]["loss"])
+    # speculators 0.9.0 saves no embed_tokens for DFlash: the one error our validator reports (the JSON records it)
+    (error,) = report["validation"]["errors"]
+    assert "embed_tokens.weight is missing" in error
+    assert any(gap.startswith("anchors:") for gap in report["not_matched"])  # DFlash's own gaps, recorded
+
+
+def test_recipe_settings_become_the_peer_flags(lane):
+    """Our recipes' draft settings (composed by Hydra) are what the peer is told: P-EAGLE's K and COD cap, DFlash's
+    block size, layers, anchors and slot weighting."""
+    from hydra import compose, initialize_config_dir
+
+    from bench.peer_lane import ALGORITHMS, REPO, recipe_settings
+
+    data, _, _ = lane
+    for name in ("peagle", "dflash"):
+        recipe = ALGORITHMS[name].recipe
+        with initialize_config_dir(config_dir=str(REPO / "recipes"), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[f"recipe={recipe}"])
+        draft = recipe_settings(recipe, [], data, name)["draft"]
+        flags = ALGORITHMS[name].draft_flags({**draft, "mask_token_id": 7, "sliding_window": 8192})
+        pairs = dict(zip(flags, flags[1:], strict=False))
+        assert pairs["--mask-token-id"] == "7" and draft["num_layers"] == cfg.model.num_layers
+        if name == "peagle":
+            assert pairs["--num-depths"] == str(cfg.train.ttt_steps)
+            assert pairs["--max-anchors"] == str(cfg.train.max_anchors)
+        else:
+            assert pairs["--block-size"] == str(cfg.model.block_size)
+            assert pairs["--max-anchors"] == str(cfg.train.max_anchors)
+            assert pairs["--dflash-decay-gamma"] == repr(float(cfg.train.decay_gamma))
+            assert ("--no-sliding-window-non-causal" in flags) == bool(cfg.model.block_causal)
+    with pytest.raises(SystemExit, match="pass --algorithm dflash"):
+        recipe_settings("dflash_smollm2_large", [], data, "peagle")
