@@ -259,15 +259,14 @@ class PeerAlgorithm:
     matched: list[str]
     not_matched: Callable[[dict[str, Any]], list[str]]
     needs_mask_token: bool = False
+    vllm_k: int | None = None  # k vLLM serves the export at; None: the export's own speculative_tokens
 
     def vllm_speculative_config(self, draft: Path) -> dict[str, Any]:
-        """How the bench serves the export (the same bridge as our drafts): EAGLE-3 at k = 3, the parallel drafters
-        at their own ``speculative_tokens`` through our algorithm unit (P-EAGLE: parallel drafting)."""
-        from speculators.serving import draft_speculative_config, eagle3_speculative_config
+        """How the bench serves the export: through our algorithm units, as our drafts (P-EAGLE: parallel
+        drafting), at ``vllm_k``."""
+        from speculators.serving import draft_speculative_config
 
-        if self.speculator_type == "eagle3":
-            return eagle3_speculative_config(draft, 3)
-        return draft_speculative_config(draft)
+        return draft_speculative_config(draft, self.vllm_k)
 
 
 def _bool_flag(name: str, on: bool) -> str:
@@ -384,6 +383,7 @@ ALGORITHMS: dict[str, PeerAlgorithm] = {
             "TTT steps, step-weight decay (--ttt-step-loss-decay)",
         ],
         not_matched=eagle3_not_matched,
+        vllm_k=3,
     ),
     "peagle": PeerAlgorithm(
         speculator_type="peagle",
