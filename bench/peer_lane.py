@@ -723,7 +723,8 @@ def fit_cpu_budget(
         "cpu_budget_s": budget,
         "method": f"a {probe_steps}-step probe run of the same flags; CPU per step = mean of steps 2..{probe_steps} "
         "(the launcher stamps process CPU on every training record); steps = budget / per step, capped at the "
-        "recipe's step count",
+        "recipe's step count. Outside the budget: the probe, start-up, the peer's validation at each epoch end and "
+        "its checkpoint writes (our lanes' budget counts their evaluations every train.eval_every steps)",
         "probe_steps": probe_steps,
         "probe_cpu_seconds_per_step": timing["cpu_seconds_per_step"],
         "probe_process_cpu_seconds": probe["cpu_seconds"],
