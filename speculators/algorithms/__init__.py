@@ -24,7 +24,6 @@ import torch
 
 from speculators.unit_modules import import_unit_modules
 
-
 # fc's input columns and the optional norm over its input (``norm_before_fc``): every draft with an fc over aux states
 AUX_BLOCKED_BY_FC: tuple[tuple[str, int], ...] = (("fc.weight", 1), ("input_norm.weight", 0))
 

@@ -313,7 +313,8 @@ def config_from_speculators(
     config.setdefault("draft_vocab_size", layer["vocab_size"])
     # the type's own config class (EAGLE-3, or P-EAGLE with its mask token): its keys are kept, not dropped
     parsed = algorithms.of_config(config).config_class.from_dict(config)
-    if getattr(parsed, "mask_token_source", None) == "":  # a type with a mask token says where its id came from
+    # a type with a mask token says where its id came from
+    if getattr(parsed, "mask_token_source", None) == "":
         parsed.mask_token_source = "the source's mask_token_id (speculators layout)"
     if flag_mode == "max-compat":
         dropped = sorted(parsed.extra)

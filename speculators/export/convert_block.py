@@ -219,7 +219,9 @@ def block_config(
 def type_own_keys(config_class: type) -> list[str]:
     """The config keys a block-drafter type adds to DFlash's (DSpark: ``markov_rank``, ``markov_head_type``,
     ``enable_confidence_head``, ``confidence_head_with_markov``): copied from a source of that type as they are."""
-    return [name for name in config_class.__dataclass_fields__ if name not in DFlashConfig.__dataclass_fields__]
+    return [
+        name for name in config_class.__dataclass_fields__ if name not in DFlashConfig.__dataclass_fields__
+    ]
 
 
 def verifier_owned_tensors(

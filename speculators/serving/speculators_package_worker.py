@@ -122,7 +122,8 @@ def block_forward(model: Any, spec: dict[str, str]) -> None:
     )
 
 
-PEER_CLASSES = {"peagle": "PEagleDraftModel", "dspark": "DSparkDraftModel"}  # the types build_peer_draft makes
+# the types build_peer_draft makes
+PEER_CLASSES = {"peagle": "PEagleDraftModel", "dspark": "DSparkDraftModel"}
 
 
 def build_peer_draft(spec: dict[str, Any], out_dir: str) -> None:
@@ -155,7 +156,9 @@ def build_peer_draft(spec: dict[str, Any], out_dir: str) -> None:
     t2d[kept] = True
     d2t = kept - torch.arange(draft_vocab)
     own = {k: v for k, v in spec.items() if k not in ("type", "verifier", "draft_arch", "num_layers", "seed")}
-    model_class = getattr(importlib.import_module(f"speculators.models.{spec['type']}"), PEER_CLASSES[spec["type"]])
+    model_class = getattr(
+        importlib.import_module(f"speculators.models.{spec['type']}"), PEER_CLASSES[spec["type"]]
+    )
     model = model_class.from_training_args(
         verifier_config=layer, t2d=t2d, d2t=d2t, verifier_name_or_path=spec["verifier"], **own
     )

@@ -140,14 +140,17 @@ def test_a_speculators_dspark_checkpoint_converts_and_computes_its_logits(
     convert_and_validate(tmp_path / "peer", tmp_path / "ours")
     config = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert config["speculators_model_type"] == "dspark"
-    assert (config["markov_rank"], config["confidence_head_with_markov"], config["block_size"]) == (16, True, block)
-    assert config["sliding_window_non_causal"] is True  # the package runs full-attention layers bidirectionally
+    assert config["markov_rank"] == 16 and config["confidence_head_with_markov"] is True
+    assert config["block_size"] == block
+    # the package runs full-attention layers bidirectionally
+    assert config["sliding_window_non_causal"] is True
     model = load_draft(tmp_path / "ours").eval()
 
     def ours() -> torch.Tensor:
         logits = []
         for a in anchors:
-            prev = ids[0, [a, *range(a, a + block - 1)]]  # the token before each slot's target (teacher forced)
+            # the token before each slot's target (teacher forced)
+            prev = ids[0, [a, *range(a, a + block - 1)]]
             with torch.no_grad():
                 bias = model.markov_head(prev)
             logits.append(context_logits(model, aux[:, : a + 1], ids[:, : a + 1])[0] + bias)

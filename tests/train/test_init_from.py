@@ -77,7 +77,10 @@ def test_an_eagle3_draft_with_other_aux_layers_is_refused_naming_the_tensor(firs
 
     vocab = vocab_for(TOKENIZER)
     two_aux = Eagle3Config.from_verifier(
-        tiny_verifier_config("llama", vocab_size=128).to_dict(), "tiny", draft_vocab_size=32, aux_layer_ids=[2, 5]
+        tiny_verifier_config("llama", vocab_size=128).to_dict(),
+        "tiny",
+        draft_vocab_size=32,
+        aux_layer_ids=[2, 5],
     )
     other = Eagle3DraftModel(two_aux)
     other.set_vocab(vocab.d2t, vocab.t2d)
@@ -88,7 +91,9 @@ def test_an_eagle3_draft_with_other_aux_layers_is_refused_naming_the_tensor(firs
     draft = PEagleDraftModel(config)
     draft.set_vocab(vocab.d2t, vocab.t2d)
     before = draft.fc.weight.clone()
-    with pytest.raises(ValueError, match=r"fc\.weight in .*model\.safetensors has shape \[64, 128\].*needs \[64, 192\]"):
+    with pytest.raises(
+        ValueError, match=r"fc\.weight in .*model\.safetensors has shape \[64, 128\].*needs \[64, 192\]"
+    ):
         init_from_checkpoint(draft, first_stage, vocab)
     assert torch.equal(draft.fc.weight, before)
 
