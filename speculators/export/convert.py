@@ -1,5 +1,5 @@
-"""``speculators convert SRC OUT_DIR``: EAGLE-3 drafts from other projects' layouts → the standard format
-(DFlash drafts: ``convert_block``).
+"""``speculators convert SRC OUT_DIR``: EAGLE-3 and P-EAGLE drafts from other projects' layouts → the standard format
+(DFlash and DSpark drafts: ``convert_block``).
 
 Layouts (facts from the producers' code, not copied from it):
 

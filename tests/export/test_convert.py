@@ -370,6 +370,23 @@ def test_unsorted_aux_ids_permute_peagle_mask_hidden_too(tmp_path, small_verifie
     assert (mask_slot_logits(served, (1, 4, 6)) - as_trained)[:, 1:].abs().max() > 0.1
 
 
+def test_a_peagle_source_without_mask_token_is_refused(tmp_path, small_verifier_dir):
+    """speculators 0.9.0 writes ``mask_token_id: null`` when its trainer was given none to resolve: vLLM cannot fill
+    the mask slots, so nothing is written and the error says which key."""
+    from speculators.format.config import PEagleConfig
+    from speculators.models.peagle import PEagleDraftModel
+
+    config = PEagleConfig.from_verifier(
+        read_config(small_verifier_dir), str(small_verifier_dir), mask_token_id=3, draft_vocab_size=1000
+    )
+    PEagleDraftModel(config).save_pretrained(tmp_path / "src", dtype=torch.float32)
+    stored = json.loads((tmp_path / "src" / "config.json").read_text())
+    (tmp_path / "src" / "config.json").write_text(json.dumps({**stored, "mask_token_id": None}))
+    with pytest.raises(InvalidCheckpointError, match="mask_token_id None must be an integer"):
+        convert_checkpoint(tmp_path / "src", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_repeated_aux_ids_are_refused(tmp_path, small_verifier_dir):
     """vLLM de-duplicates aux ids, so fc would be too narrow: the converter warns and the validator refuses."""
     model = build_draft(small_verifier_dir, draft_vocab_size=256, aux_layer_ids=[2, 3, 3])
