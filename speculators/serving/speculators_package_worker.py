@@ -155,7 +155,16 @@ def build_peer_draft(spec: dict[str, Any], out_dir: str) -> None:
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[kept] = True
     d2t = kept - torch.arange(draft_vocab)
-    own = {k: v for k, v in spec.items() if k not in ("type", "verifier", "draft_arch", "num_layers", "seed")}
+    shaping = (
+        "type",
+        "verifier",
+        "draft_arch",
+        "num_layers",
+        "seed",
+        "sliding_window",
+        "full_attention_indices",
+    )
+    own = {k: v for k, v in spec.items() if k not in shaping}  # what the package's trainer passes as its args
     model_class = getattr(
         importlib.import_module(f"speculators.models.{spec['type']}"), PEER_CLASSES[spec["type"]]
     )
