@@ -41,6 +41,7 @@ RECIPE_NAME = "config.yaml"
 METRICS_NAME = "metrics.jsonl"
 DRAFT_VOCAB_NAME = "draft_vocab.safetensors"
 PRECISION_NAME = "precision.json"
+INIT_FROM_NAME = "init_from.json"  # train.init_from: the source, the tensors loaded from it and those new
 STEP_PATTERN = re.compile(r"^step-(\d+)$")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
@@ -108,6 +109,11 @@ def write_precision(run_dir: Path, decisions: dict[str, Any]) -> None:
     """``precision.json``: each decision's dtype, source (recipe / env / auto), reason and the CPU it read. Written
     at every (re)start: a resumed run on another machine says what it runs in now."""
     atomic_write_json(Path(run_dir) / PRECISION_NAME, decisions)
+
+
+def write_init_from(run_dir: Path, report: dict[str, Any]) -> None:
+    """``init_from.json``: what ``train.init_from`` loaded into this run and which tensors started fresh."""
+    atomic_write_json(Path(run_dir) / INIT_FROM_NAME, report)
 
 
 # ---- best -----------------------------------------------------------------------------------------------------
@@ -275,6 +281,7 @@ def recipe_value(recipe: dict[str, Any], dotted: str, default: Any = None) -> An
 __all__ = [
     "BEST_NAME",
     "CHECKPOINTS",
+    "INIT_FROM_NAME",
     "STATE_NAME",
     "TrainerCheckpoint",
     "best_checkpoint",
@@ -292,4 +299,5 @@ __all__ = [
     "resolve_draft_dir",
     "step_dir",
     "write_best",
+    "write_init_from",
 ]

@@ -21,12 +21,13 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from speculators import runs
+from speculators import algorithms, runs
 from speculators.format.config import Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
 from speculators.precision import Precision, choose
@@ -403,17 +404,43 @@ def widen_first_layer_inputs(tensors: dict[str, torch.Tensor]) -> dict[str, torc
     return widened
 
 
-def init_from_checkpoint(draft: Eagle3DraftModel, source: Path, vocab: DraftVocab) -> None:
-    """Start from another run's weights (HASS stage 2): a run dir (its best checkpoint) or a draft dir. The first
-    run's draft vocabulary must have been built for this run's tokenizer and size (``DraftVocab.check_compatible``)."""
+@dataclass
+class InitFromReport:
+    """What ``train.init_from`` did: which of this draft's tensors came from the source and which start as a
+    fresh run's (e.g. P-EAGLE's ``mask_hidden`` when starting from an EAGLE-3 run). Printed once and written to
+    ``<run_dir>/init_from.json`` so a run says what it was started from."""
+
+    source: str
+    directory: str
+    source_type: str  # speculators_model_type of the source
+    loaded: list[str]
+    new: list[str]  # this draft's tensors the source lacks: initialised as a fresh run initialises them
+    ignored: list[str]  # the source's tensors this draft has no place for
+
+    def line(self) -> str:
+        return (
+            f"train.init_from: loaded {len(self.loaded)} tensors from the {self.source_type} draft {self.directory}; "
+            f"new (fresh init): {self.new or 'none'}; ignored from the source: {self.ignored or 'none'}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def init_from_checkpoint(draft: Eagle3DraftModel, source: Path, vocab: DraftVocab) -> InitFromReport:
+    """Start from another run's weights (HASS stage 2, or P-EAGLE from an EAGLE-3 run): a run dir (its best
+    checkpoint) or a draft dir of any EAGLE-3-bodied type. Every tensor both drafts have is loaded; the ones only
+    this draft has keep the fresh initialisation (the caller seeded it as a fresh run); shapes must agree. The
+    first run's draft vocabulary must have been built for this run's tokenizer and size
+    (``DraftVocab.check_compatible``)."""
     check_first_stage_vocab(source, vocab)
     directory = runs.resolve_draft_dir(source)
-    loaded = Eagle3DraftModel.from_pretrained(directory)
+    loaded = algorithms.load_draft(directory)
     mine, theirs = draft.config, loaded.config
     for name in ("hidden_size", "vocab_size", "num_layers", "layer_type"):
-        if getattr(mine, name) != getattr(theirs, name):
+        if getattr(mine, name, None) != getattr(theirs, name, None):
             raise ValueError(
-                f"train.init_from={source}: its {name} is {getattr(theirs, name)}, this recipe builds "
+                f"train.init_from={source}: its {name} is {getattr(theirs, name, None)}, this recipe builds "
                 f"{getattr(mine, name)}; start from a checkpoint trained with the same verifier and model settings"
             )
     if mine.draft_vocab_size != theirs.draft_vocab_size or not torch.equal(draft.d2t, loaded.d2t):
@@ -421,7 +448,51 @@ def init_from_checkpoint(draft: Eagle3DraftModel, source: Path, vocab: DraftVoca
             f"train.init_from={source}: its draft vocabulary differs from this run's (rebuilt from the data's "
             "token counts); use the same data directory and model.draft_vocab_size as the first stage"
         )
-    draft.load_state_dict(loaded.state_dict())
+    ours, stored = draft.state_dict(), loaded.state_dict()
+    shared = sorted(set(ours) & set(stored))
+    mine_ids, their_ids = draft_aux_ids(draft), draft_aux_ids(loaded)
+    for name in shared:
+        if stored[name].shape != ours[name].shape:
+            raise ValueError(
+                f"train.init_from={source}: {name} in {weights_of(directory)} has shape {list(stored[name].shape)}, "
+                f"this run's draft needs {list(ours[name].shape)} (aux layer ids: the source's {their_ids}, this "
+                f"run's {mine_ids}); start from a checkpoint trained on the same verifier, aux layers and model "
+                "settings, or drop train.init_from"
+            )
+    if their_ids != mine_ids:
+        raise ValueError(
+            f"train.init_from={source}: its fc reads aux layers {their_ids}, this run's data holds {mine_ids}; the "
+            "columns would mean other layers (an export sorts the ids: start from the run directory instead, or "
+            "capture the data with the first stage's verifier.aux_layer_ids)"
+        )
+    draft.load_state_dict({name: stored[name] for name in shared}, strict=False)
+    report = InitFromReport(
+        source=str(source),
+        directory=str(directory),
+        source_type=algorithms.of_config(theirs.to_dict()).name,
+        loaded=[n for n in shared if n not in VOCAB_BUFFERS],
+        new=sorted(set(ours) - set(stored)),
+        ignored=sorted(set(stored) - set(ours)),
+    )
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(report.line(), flush=True)
+    draft.init_from_report = report  # read by the trainer, which records it in the run directory
+    return report
+
+
+VOCAB_BUFFERS = ("d2t", "t2d")  # checked equal above, not weights
+
+
+def draft_aux_ids(draft: Any) -> list[int]:
+    """The aux-layer ids a draft of any type reads (its type declares the config key)."""
+    return algorithms.of_config(draft.config.to_dict()).aux_layer_ids(draft.config)
+
+
+def weights_of(directory: Path) -> str:
+    """The weight file(s) of a draft directory, for error messages."""
+    from speculators.format.checkpoint import weight_files
+
+    return ", ".join(str(path) for path in weight_files(directory)) or str(directory)
 
 
 def check_first_stage_vocab(source: Path, vocab: DraftVocab) -> None:
@@ -466,6 +537,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 __all__ = [
+    "InitFromReport",
     "build_draft",
     "draft_mask_token",
     "calibrate_warm_start",
@@ -475,6 +547,7 @@ __all__ = [
     "compute_precision",
     "deepspeed_config",
     "draft_config",
+    "init_from_checkpoint",
     "lr_at",
     "make_accelerator",
     "make_optimizer",

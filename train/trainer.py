@@ -122,6 +122,10 @@ class Trainer:
         self.draft_config, model = self.objective.build(
             self.verifier_config, self.features, self.vocab, self.head, fresh
         )
+        # train.init_from: which tensors came from the source and which start fresh (recorded in _start)
+        self.init_from_report = next(
+            (m.init_from_report for m in model.modules() if hasattr(m, "init_from_report")), None
+        )
         optimizer = make_optimizer(settings.optim, model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.is_deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
@@ -258,6 +262,8 @@ class Trainer:
             runs.write_precision(self.run_dir, {"train": self.precision.to_json()})
             ckpt.remove_partials(self.run_dir)
             self.vocab.save(self.run_dir / runs.DRAFT_VOCAB_NAME)
+            if self.init_from_report is not None:
+                runs.write_init_from(self.run_dir, self.init_from_report.to_json())
         acc.wait_for_everyone()
         torch.manual_seed(
             self.settings.seed * 1000 + self.rank

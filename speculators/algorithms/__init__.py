@@ -24,6 +24,9 @@ import torch
 
 from speculators.unit_modules import import_unit_modules
 
+# fc's input columns and the optional norm over its input (``norm_before_fc``): every draft with an fc over aux states
+AUX_BLOCKED_BY_FC: tuple[tuple[str, int], ...] = (("fc.weight", 1), ("input_norm.weight", 0))
+
 
 @dataclass(frozen=True)
 class Algorithm:
@@ -51,6 +54,10 @@ class Algorithm:
     weight_warnings: Callable[[dict[str, Any], dict[str, torch.Tensor], str | None], Iterator[str]] = (
         lambda config, tensors, verifier: iter(())
     )
+    # tensors laid out per aux layer: (name, dim) where ``dim`` concatenates one equal block per aux id in the
+    # config's order. When the exporter sorts the aux ids (vLLM concatenates the states ascending) every one of
+    # them is permuted alike, or the draft reads its features shuffled (speculators.export.tensors)
+    aux_blocked_tensors: tuple[tuple[str, int], ...] = AUX_BLOCKED_BY_FC
 
     def aux_layer_ids(self, config: Any) -> list[int]:
         """The aux-layer ids of a config object or dict."""
@@ -110,4 +117,4 @@ def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32) -> Any
     return of_config(read_config(directory)).load(directory, dtype)
 
 
-__all__ = ["Algorithm", "get", "load_draft", "names", "of_config", "register"]
+__all__ = ["AUX_BLOCKED_BY_FC", "Algorithm", "get", "load_draft", "names", "of_config", "register"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from speculators.algorithms import Algorithm, register
+from speculators.algorithms import AUX_BLOCKED_BY_FC, Algorithm, register
 from speculators.format.config import PEagleConfig
 from speculators.models.peagle import PEagleDraftModel
 
@@ -89,5 +89,7 @@ PEAGLE = register(
         expected_shapes=expected_shapes,
         vllm_method="eagle3",
         vllm_extra=vllm_extra,
+        # mask_hidden stands in for the concatenated aux states, so it is laid out per aux layer as fc's input is
+        aux_blocked_tensors=(*AUX_BLOCKED_BY_FC, ("mask_hidden", 2)),
     )
 )

@@ -64,8 +64,8 @@ def _add_convert(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "convert",
-        help="EAGLE-3 or DFlash draft in another layout (original EAGLE-3, SpecForge, older/newer speculators, "
-        "z-lab DFlash) -> standard",
+        help="a draft in another layout (original EAGLE-3, SpecForge, older/newer speculators incl. speculators "
+        "0.9.0 P-EAGLE/DFlash/DSpark, z-lab DFlash) -> standard",
     )
     parser.add_argument("source")
     parser.add_argument("out_dir")

@@ -1,5 +1,5 @@
-"""``speculators convert SRC OUT_DIR``: EAGLE-3 drafts from other projects' layouts → the standard format
-(DFlash drafts: ``convert_block``).
+"""``speculators convert SRC OUT_DIR``: EAGLE-3 and P-EAGLE drafts from other projects' layouts → the standard format
+(DFlash and DSpark drafts: ``convert_block``).
 
 Layouts (facts from the producers' code, not copied from it):
 
@@ -12,7 +12,8 @@ Layouts (facts from the producers' code, not copied from it):
   optionally ``eagle_config.eagle_aux_hidden_state_layer_ids`` in the OUTPUT-of-layer convention (SGLang adds 1;
   SpecForge's default ``[1, L//2-1, L-4]`` is vLLM's ``[2, L//2, L-3]``); ``model.safetensors`` without
   ``embed_tokens``; ``norm_before_residual: false`` semantics.
-* ``speculators``: the standard format itself, possibly older (no ``norm_before_residual``, no layer
+* ``speculators``: the standard format itself (EAGLE-3, or speculators 0.9.0's P-EAGLE: the same keys plus
+  ``mask_token_id`` and ``embed_requires_grad``, the same tensors plus ``mask_hidden``), possibly older (no ``norm_before_residual``, no layer
   ``model_type``, a top-level ``model_type``, ``model.``-prefixed names, d2t as ids) or newer (``norm_before_fc``,
   ``fc_norm``, ``norm_output``). ``--flags max-compat`` writes the form every consumer reads; ``keep`` keeps them.
 
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 
+from speculators import algorithms
 from speculators.export.exporter import EXPORT_DTYPES, load_verifier_config
 from speculators.export.model_card import CardInfo, render_model_card
 from speculators.export.sources import read_config, read_weights
@@ -269,7 +271,8 @@ def config_from_speculators(
     flag_mode: str,
     where: str,
 ) -> Eagle3Config:
-    """An older or newer speculators config → today's max-compat (or kept) form, each fix-up warned."""
+    """An older or newer speculators config of an EAGLE-3-bodied type (``eagle3``, speculators 0.9.0's ``peagle``)
+    → today's max-compat (or kept) form in that type's config class, each fix-up warned."""
     config = copy.deepcopy(config)
     if "model_type" in config:
         warn(
@@ -308,7 +311,11 @@ def config_from_speculators(
     for name, value in resolve_flags(config, flag_mode, where).items():
         config[name] = value
     config.setdefault("draft_vocab_size", layer["vocab_size"])
-    parsed = Eagle3Config.from_dict(config)
+    # the type's own config class (EAGLE-3, or P-EAGLE with its mask token): its keys are kept, not dropped
+    parsed = algorithms.of_config(config).config_class.from_dict(config)
+    # a type with a mask token says where its id came from
+    if getattr(parsed, "mask_token_source", None) == "":
+        parsed.mask_token_source = "the source's mask_token_id (speculators layout)"
     if flag_mode == "max-compat":
         dropped = sorted(parsed.extra)
         if dropped:

@@ -1,8 +1,9 @@
-"""``speculators convert`` for block drafters (DFlash): other producers' layouts → our standard DFlash directory.
+"""``speculators convert`` for block drafters (DFlash, DSpark): other producers' layouts → our standard directory.
 
 Layouts (facts read from the producers' and consumers' code, not copied from it):
 
-* ``speculators`` (the ``speculators`` package 0.9.0, ``speculators_model_type: dflash``): our keys, but the
+* ``speculators`` (the ``speculators`` package 0.9.0, ``speculators_model_type: dflash`` or ``dspark``; DSpark adds
+  the Markov and confidence heads under our names, and its own keys, which are kept): our keys, but the
   package saves neither ``embed_tokens`` nor (for a full draft vocabulary) ``lm_head``: it reloads both from the
   verifier. It trains full-attention layers bidirectionally whatever ``sliding_window_non_causal`` says (its own
   z-lab converter writes ``false`` there), while vLLM runs the block causally when the flag is false.
@@ -136,10 +137,12 @@ def block_config(
     aux_convention: str,
     where: str,
 ) -> DFlashConfig:
-    """The standard DFlash config of a source config in ``layout`` (``speculators`` or ``dflash-zlab``)."""
+    """The standard config of a source config in ``layout`` (``speculators``: of the source's type, through that
+    type's declared config class; ``dflash-zlab``: DFlash)."""
     from speculators.export.convert import shifted_aux_ids
 
     num_verifier_layers = int(verifier["num_hidden_layers"])
+    config_class, own_keys = DFlashConfig, {}
     if layout == "dflash-zlab":
         dflash = source.get("dflash_config") if isinstance(source.get("dflash_config"), dict) else {}
         source_layer = source
@@ -163,7 +166,9 @@ def block_config(
         explicit, flag = None, source.get("sliding_window_non_causal")
         methods = (source.get("speculators_config") or {}).get("proposal_methods") or [{}]
         tokens = methods[0].get("speculative_tokens")
-        known = {f for f in DFlashConfig.__dataclass_fields__} | {"architectures", "speculators_model_type"}
+        config_class = algorithm_of(source).config_class  # DFlash, or DSpark with its Markov/confidence heads
+        own_keys = {k: source[k] for k in type_own_keys(config_class) if k in source}
+        known = set(config_class.__dataclass_fields__) | {"architectures", "speculators_model_type"}
         extra = {k: v for k, v in source.items() if k not in known}
         if extra:
             warn(f"{where}: dropped config keys outside the format {sorted(extra)}")
@@ -179,11 +184,11 @@ def block_config(
     layer = _layer_config(source_layer, verifier, where)
     aux_ids = shifted_aux_ids(ids, convention, num_verifier_layers, where)
     draft_vocab = int(source.get("draft_vocab_size") or layer["vocab_size"])
-    config = DFlashConfig(
+    config = config_class(
         transformer_layer_config=layer,
         speculators_config=SpeculatorsConfig(
             verifier=VerifierRef(name_or_path="", architectures=[]),
-            algorithm="dflash",
+            algorithm=config_class.SPECULATORS_MODEL_TYPE,
             proposal_methods=[ProposalMethod(speculative_tokens=int(tokens or block - 1))],
         ),
         draft_vocab_size=draft_vocab,
@@ -193,6 +198,7 @@ def block_config(
         sample_from_anchor=bool(source.get("sample_from_anchor", False)),
         target_hidden_size=source.get("target_hidden_size") or None,
         mask_token_source=f"the source's mask_token_id ({layout} layout)",
+        **own_keys,
     )
     sliding_source = any(t == SLIDING for t in source_layer.get("layer_types") or [])
     if sliding_source:  # keep the producer's window and layer types; only the flag is made explicit
@@ -208,6 +214,14 @@ def block_config(
             f"those bidirectionally but vLLM would run them causally; wrote {config.sliding_window_non_causal}"
         )
     return config
+
+
+def type_own_keys(config_class: type) -> list[str]:
+    """The config keys a block-drafter type adds to DFlash's (DSpark: ``markov_rank``, ``markov_head_type``,
+    ``enable_confidence_head``, ``confidence_head_with_markov``): copied from a source of that type as they are."""
+    return [
+        name for name in config_class.__dataclass_fields__ if name not in DFlashConfig.__dataclass_fields__
+    ]
 
 
 def verifier_owned_tensors(

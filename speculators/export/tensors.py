@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from speculators.algorithms import AUX_BLOCKED_BY_FC
 from speculators.format.validate import algorithm_of
 from speculators.verifier import verifier_embedding
 
@@ -197,7 +198,9 @@ def standard_tensors(
 def ascending_aux_layers(
     config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Put the aux layers in ascending order, permuting ``fc`` (and ``input_norm``/``fc_norm``) to match.
+    """Put the aux layers in ascending order, permuting every tensor laid out per aux layer to match: those the
+    algorithm declares (``Algorithm.aux_blocked_tensors``: ``fc``'s columns, ``input_norm``, P-EAGLE's
+    ``mask_hidden``) and the per-layer ``fc_norm``s.
 
     vLLM captures the aux states as ``sorted(set(ids))`` and concatenates them in that order, whatever order the
     config lists: a draft trained on ``[16, 2, 29]`` would silently read its features shuffled. Repeated ids are
@@ -206,6 +209,7 @@ def ascending_aux_layers(
     """
     unit = algorithm_of(config)
     key = unit.aux_layer_key if unit is not None else "eagle_aux_hidden_state_layer_ids"
+    blocked = unit.aux_blocked_tensors if unit is not None else AUX_BLOCKED_BY_FC
     ids = [int(i) for i in config.get(key) or []]
     if len(set(ids)) != len(ids):
         warn(
@@ -217,21 +221,29 @@ def ascending_aux_layers(
     order = sorted(range(len(ids)), key=lambda i: ids[i])
     if order == list(range(len(ids))):
         return config, tensors
-    width = tensors["fc.weight"].shape[1] // len(ids)
-
-    def blocks(t: torch.Tensor, dim: int) -> torch.Tensor:
-        return torch.cat([t.narrow(dim, i * width, width) for i in order], dim=dim).contiguous()
-
     tensors = dict(tensors)
-    tensors["fc.weight"] = blocks(tensors["fc.weight"], 1)
-    if "input_norm.weight" in tensors:
-        tensors["input_norm.weight"] = blocks(tensors["input_norm.weight"], 0)
+    permuted = []
+    for name, dim in blocked:
+        if name in tensors:
+            tensors[name] = permute_aux_blocks(tensors[name], dim, order, f"{where}: {name}")
+            permuted.append(name)
     if "fc_norm.0.weight" in tensors:
         norms = [tensors.pop(f"fc_norm.{i}.weight") for i in range(len(ids))]
         tensors.update({f"fc_norm.{new}.weight": norms[old] for new, old in enumerate(order)})
+        permuted.append("fc_norm.*")
     config = {**config, key: sorted(ids)}
     warn(
         f"{where}: aux layer ids {ids} were not ascending; vLLM concatenates the states in ascending order, so the "
-        f"ids became {sorted(ids)} and fc's column blocks were permuted to match (the draft computes the same)"
+        f"ids became {sorted(ids)} and {permuted} were permuted to match (the draft computes the same)"
     )
     return config, tensors
+
+
+def permute_aux_blocks(tensor: torch.Tensor, dim: int, order: list[int], what: str) -> torch.Tensor:
+    """``tensor`` with its ``len(order)`` equal blocks along ``dim`` (one per aux layer) put in ``order``."""
+    if tensor.shape[dim] % len(order):
+        raise ValueError(
+            f"{what} has {tensor.shape[dim]} entries along dim {dim}, not a multiple of the {len(order)} aux layers"
+        )
+    width = tensor.shape[dim] // len(order)
+    return torch.cat([tensor.narrow(dim, i * width, width) for i in order], dim=dim).contiguous()

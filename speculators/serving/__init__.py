@@ -3,8 +3,10 @@ virtualenv through a standalone worker script; nothing here imports them."""
 
 from speculators.serving.speculators_package import (
     block_logits_with_speculators_package,
+    build_with_speculators_package,
     convert_dflash_with_speculators_package,
     load_with_speculators_package,
+    peagle_logits_with_speculators_package,
     speculators_package_available,
     tensor_digest,
 )
@@ -34,11 +36,13 @@ __all__ = [
     "VllmWarning",
     "WorkerError",
     "block_logits_with_speculators_package",
+    "build_with_speculators_package",
     "convert_dflash_with_speculators_package",
     "draft_speculative_config",
     "eagle3_speculative_config",
     "generate_with_vllm",
     "load_with_speculators_package",
+    "peagle_logits_with_speculators_package",
     "run_vllm",
     "speculators_package_available",
     "tensor_digest",

@@ -68,6 +68,7 @@ def block_logits_with_speculators_package(
     anchors: list[int],
     workdir: str | Path,
     timeout: float = 600.0,
+    build: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Load a block drafter (DFlash family) with the ``speculators`` package and run ITS forward on one sequence:
     ``hidden_states [1, T, n_aux * H]`` (the verifier's aux states), ``input_ids [1, T]``, one block anchored at
@@ -76,7 +77,8 @@ def block_logits_with_speculators_package(
     Returns ``(description as load_with_speculators_package gives it, tensors)`` with ``tensors["logits"]
     [len(anchors), block_size, draft V]`` in float32 and the ``lm_head`` / ``embed_tokens`` the package ended up
     with (it fills both from the verifier on load). Why: equal logits on equal inputs is what proves both
-    libraries read the checkpoint, the aux-id convention and the block's causality alike."""
+    libraries read the checkpoint, the aux-id convention and the block's causality alike. ``build``: first build
+    ``draft_dir`` with the package's own constructor (:func:`build_with_speculators_package`), in the same call."""
     from safetensors.torch import load_file, save_file
 
     workdir = Path(workdir)
@@ -93,6 +95,7 @@ def block_logits_with_speculators_package(
     request = {
         "model": str(Path(draft_dir).resolve()),
         "block_forward": {"inputs": str(inputs.resolve()), "output": str(output.resolve())},
+        **({"build": build} if build else {}),
     }
     python = speculators_package_python()
     description = run_json_worker(python, WORKER_SCRIPT, request, timeout, "the speculators package")
@@ -112,3 +115,57 @@ def convert_dflash_with_speculators_package(
     return run_json_worker(
         speculators_package_python(), WORKER_SCRIPT, request, timeout, "the speculators package"
     )
+
+
+def build_with_speculators_package(
+    spec: dict[str, Any], out_dir: str | Path, timeout: float = 600.0
+) -> dict[str, Any]:
+    """Build and save a draft into ``out_dir`` with the ``speculators`` package's own training-time constructor
+    (``spec`` as the worker's ``build_peer_draft`` reads it: ``type`` peagle or dspark, ``verifier``, ...), then
+    load it there; returns what :func:`load_with_speculators_package` returns. Why: a checkpoint that package
+    really writes, in its layout and naming, is what ``speculators convert`` must read."""
+    request = {"model": str(Path(out_dir).resolve()), "build": spec}
+    return run_json_worker(
+        speculators_package_python(), WORKER_SCRIPT, request, timeout, "the speculators package"
+    )
+
+
+def peagle_logits_with_speculators_package(
+    draft_dir: str | Path,
+    hidden_states: torch.Tensor,
+    input_ids: torch.Tensor,
+    anchors: torch.Tensor,
+    depths: torch.Tensor,
+    workdir: str | Path,
+    timeout: float = 600.0,
+    build: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """Load a P-EAGLE draft with the ``speculators`` package and run ITS training forward over the given (anchor,
+    depth) elements of one sequence (``hidden_states [1, T, n_aux * H]``, ``input_ids [1, T]``; depth 0 at every
+    position): returns the description and the logits ``[E, draft V]`` (float32). Equal logits on equal inputs is
+    what proves both libraries read the checkpoint, ``mask_hidden``, the mask token and the positions alike.
+    ``build``: first build ``draft_dir`` with the package's own constructor, in the same call (one start of its
+    interpreter, ~30 s, instead of two)."""
+    from safetensors.torch import load_file, save_file
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    inputs, output = workdir / "peagle-inputs.safetensors", workdir / "peagle-logits.safetensors"
+    save_file(
+        {
+            "hidden_states": hidden_states.detach().float().cpu().contiguous(),
+            "input_ids": input_ids.detach().long().cpu().contiguous(),
+            "anchors": anchors.detach().long().cpu().contiguous(),
+            "depths": depths.detach().long().cpu().contiguous(),
+        },
+        str(inputs),
+    )
+    request = {
+        "model": str(Path(draft_dir).resolve()),
+        "peagle_forward": {"inputs": str(inputs.resolve()), "output": str(output.resolve())},
+        **({"build": build} if build else {}),
+    }
+    description = run_json_worker(
+        speculators_package_python(), WORKER_SCRIPT, request, timeout, "the speculators package"
+    )
+    return description, load_file(str(output))["logits"]

@@ -3,7 +3,8 @@
 Usage: ``python speculators_package_worker.py REQUEST.json RESULT.json`` with request ``{"model": <draft dir>}``
 (optionally ``"block_forward": {"inputs", "output"}``: a block drafter's logits, see ``block_forward``; and
 ``"convert_dflash": {"input", "verifier"}``: first convert an external (z-lab) DFlash draft into ``model`` with the
-package's own converter).
+package's own converter; ``"build": {...}``: first build and save a draft with the package's own constructor, see
+``build_peer_draft``; ``"peagle_forward": {"inputs", "output"}``: a P-EAGLE draft's logits, see ``peagle_forward``).
 It must not import our package (both are named ``speculators``; here the name means the upstream library). The
 result names the class the package chose, the resolved config values it acts on, and every tensor of the loaded
 model with its shape, dtype and a digest, so the caller can compare them with what it wrote.
@@ -15,6 +16,7 @@ conversion to float32 (floating tensors) or int64 (integer and bool tensors), C-
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import sys
@@ -120,6 +122,108 @@ def block_forward(model: Any, spec: dict[str, str]) -> None:
     )
 
 
+# the types build_peer_draft makes
+PEER_CLASSES = {"peagle": "PEagleDraftModel", "dspark": "DSparkDraftModel"}
+
+
+def build_peer_draft(spec: dict[str, Any], out_dir: str) -> None:
+    """Build a draft with the package's OWN training-time constructor and save it with its own ``save_pretrained``:
+    what its trainer writes at step 0 (``create_transformer_layer_config`` + ``<Model>.from_training_args``), with
+    every trainable weight random so that no tensor can be confused with another on the way through a converter.
+
+    ``spec``: ``type`` (``peagle`` or ``dspark``), ``verifier`` (a local HF dir), ``draft_arch``, ``num_layers``,
+    ``target_layer_ids``, ``mask_token_id``, ``draft_vocab_size`` (a spread-out subset of the verifier vocabulary:
+    non-trivial d2t offsets), ``seed``, and the type's own keys (``num_depths``; ``block_size``,
+    ``sample_from_anchor``, ``markov_rank``, ``confidence_head_with_markov``)."""
+    import torch
+
+    from speculators.train.cli import create_transformer_layer_config
+
+    torch.manual_seed(int(spec.get("seed", 0)))
+    layer = create_transformer_layer_config(
+        verifier_name_or_path=spec["verifier"],
+        num_layers=int(spec.get("num_layers", 1)),
+        draft_arch=spec.get("draft_arch", "qwen3"),
+        hidden_act=None,
+        sliding_window=int(spec.get("sliding_window", 2048)),
+        full_attention_indices=list(spec.get("full_attention_indices", [])),
+    )
+    vocab, draft_vocab = int(layer.vocab_size), int(spec["draft_vocab_size"])
+    kept = torch.linspace(0, vocab - 1, draft_vocab).round().long().unique()
+    if kept.numel() != draft_vocab:
+        raise ValueError(f"draft_vocab_size {draft_vocab} does not spread over {vocab} ids")
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[kept] = True
+    d2t = kept - torch.arange(draft_vocab)
+    shaping = (
+        "type",
+        "verifier",
+        "draft_arch",
+        "num_layers",
+        "seed",
+        "sliding_window",
+        "full_attention_indices",
+    )
+    own = {k: v for k, v in spec.items() if k not in shaping}  # what the package's trainer passes as its args
+    model_class = getattr(
+        importlib.import_module(f"speculators.models.{spec['type']}"), PEER_CLASSES[spec["type"]]
+    )
+    model = model_class.from_training_args(
+        verifier_config=layer, t2d=t2d, d2t=d2t, verifier_name_or_path=spec["verifier"], **own
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith(("verifier_", "embed_tokens", "lm_head")):
+                continue  # the verifier's copies, as the package loads them
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            elif name == "mask_hidden":
+                param.normal_()
+            else:
+                param.normal_(std=0.05)
+    model.save_pretrained(out_dir)
+
+
+def peagle_forward(model: Any, spec: dict[str, str]) -> None:
+    """P-EAGLE logits through the package's own training forward for GIVEN (anchor, depth) elements instead of its
+    random COD draw: its sampler is swapped for one returning the requested elements and its loss for one that
+    keeps the logits. Everything between (mask token and ``mask_hidden`` at depth >= 1, fc, layers, its attention
+    mask over chains, positions anchor + depth) is the package's code.
+
+    Inputs (safetensors): ``hidden_states [1, T, n_aux * H]``, ``input_ids [1, T]`` (the token paired with each
+    position's states), ``anchors [E]``, ``depths [E]`` (depth 0 must cover every position, as COD does).
+    Writes ``logits [E, draft V]`` in float32."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from speculators.models.peagle import core
+
+    inputs = load_file(spec["inputs"])
+    hidden, ids = inputs["hidden_states"].float(), inputs["input_ids"]
+    captured: dict[str, Any] = {}
+
+    def given_elements(**_: Any) -> tuple[Any, Any]:
+        return inputs["anchors"], inputs["depths"]
+
+    def keep_logits(logits: Any, **_: Any) -> tuple[Any, dict]:
+        captured["logits"] = logits
+        return logits.sum() * 0, {}
+
+    core.generate_cod_sample_indices, core.compute_metrics = given_elements, keep_logits
+    length = ids.shape[1]
+    model = model.float().eval()
+    width = model.config.transformer_layer_config.hidden_size
+    with torch.no_grad():
+        model(
+            hidden_states=hidden,
+            input_ids=ids,
+            document_ids=torch.zeros(1, length, dtype=torch.long),
+            loss_mask=torch.ones(1, length),
+            verifier_last_hidden_states=torch.zeros(1, length, width),
+        )
+    save_file({"logits": captured["logits"][0].float().contiguous()}, spec["output"])
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print("usage: speculators_package_worker.py REQUEST.json RESULT.json", file=sys.stderr)
@@ -138,11 +242,15 @@ def main(argv: list[str]) -> int:
             DFlashConverter().convert(
                 job["input"], request["model"], base_model=job["verifier"], validate=False
             )
+        if request.get("build"):  # the package's own constructor writes request["model"] first
+            build_peer_draft(request["build"], request["model"])
         started = time.perf_counter()
         model = SpeculatorModel.from_pretrained(request["model"])
         seconds = time.perf_counter() - started
         if request.get("block_forward"):
             block_forward(model, request["block_forward"])
+        if request.get("peagle_forward"):
+            peagle_forward(model, request["peagle_forward"])
         result = {
             "ok": True,
             "speculators_version": version("speculators"),

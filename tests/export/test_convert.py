@@ -17,6 +17,7 @@ from speculators.export import (
     UnsupportedDraftError,
     convert_checkpoint,
     detect_layout,
+    export_checkpoint,
 )
 from speculators.export.sources import read_config, read_weights
 from speculators.export.writer import InvalidCheckpointError
@@ -325,6 +326,65 @@ def test_unsorted_aux_ids_are_sorted_with_fc_permuted(tmp_path, small_verifier_d
     assert (
         unpermuted[0] - as_trained[0]
     ).abs().max() > 0.1  # what vLLM would compute without the permutation
+
+
+def test_unsorted_aux_ids_permute_peagle_mask_hidden_too(tmp_path, small_verifier_dir):
+    """P-EAGLE's ``mask_hidden`` stands in for the concatenated aux states, one block per aux layer in the config's
+    order: when the export sorts the ids it must move with fc's columns, or every mask slot reads fc(a shuffled
+    vector) and the served draft proposes other tokens than the trained one. Checked through the exporter (a
+    trainer run) and the converter (a speculators-layout directory)."""
+    from speculators.format.config import PEagleConfig
+    from speculators.models.peagle import PEagleDraftModel
+    from tests.export.conftest import make_run
+
+    torch.manual_seed(4)
+    config = PEagleConfig.from_verifier(
+        read_config(small_verifier_dir), str(small_verifier_dir), mask_token_id=3, draft_vocab_size=1000,
+        aux_layer_ids=[6, 1, 4], speculative_tokens=3, norm_before_residual=False, torch_dtype="float32",
+    )  # fmt: skip
+    model = PEagleDraftModel(config).eval()
+    run = make_run(tmp_path / "run", str(small_verifier_dir), {5: model}, best_step=5, speculative_tokens=3)
+    with pytest.warns(ExportWarning, match=r"not ascending.*'mask_hidden'"):
+        export_checkpoint(run, tmp_path / "exported", dtype="float32")
+    with pytest.warns(ExportWarning, match=r"not ascending.*'mask_hidden'"):
+        convert_checkpoint(run / "checkpoints" / "step-5" / "draft", tmp_path / "converted", dtype="float32")
+    gen = torch.Generator().manual_seed(2)
+    ids, positions = torch.randint(0, 1000, (1, 4), generator=gen), torch.arange(4)[None]
+    trained = {layer: torch.randn(1, 4, 64, generator=gen) for layer in (6, 1, 4)}
+
+    def mask_slot_logits(draft: PEagleDraftModel, order: tuple[int, ...]) -> torch.Tensor:
+        """Slot 0 reads the aux states (in ``order``), slots 1..3 the mask token and fc(mask_hidden)."""
+        real = draft.project_features(torch.cat([trained[i] for i in order], -1))
+        mask_ids, mask_features = draft.mask_slots((1, 3), real)
+        tokens = torch.cat([ids[:, :1], mask_ids], 1)
+        with torch.no_grad():
+            return draft(tokens, torch.cat([real[:, :1], mask_features], 1), positions)[0]
+
+    as_trained = mask_slot_logits(model, (6, 1, 4))
+    for out in ("exported", "converted"):
+        served = PEagleDraftModel.from_pretrained(tmp_path / out)
+        assert served.config.eagle_aux_hidden_state_layer_ids == [1, 4, 6]
+        torch.testing.assert_close(mask_slot_logits(served, (1, 4, 6)), as_trained, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # the control: fc permuted but mask_hidden left as trained (the bug)
+        served.mask_hidden.copy_(model.mask_hidden)
+    assert (mask_slot_logits(served, (1, 4, 6)) - as_trained)[:, 1:].abs().max() > 0.1
+
+
+def test_a_peagle_source_without_mask_token_is_refused(tmp_path, small_verifier_dir):
+    """speculators 0.9.0 writes ``mask_token_id: null`` when its trainer was given none to resolve: vLLM cannot fill
+    the mask slots, so nothing is written and the error says which key."""
+    from speculators.format.config import PEagleConfig
+    from speculators.models.peagle import PEagleDraftModel
+
+    config = PEagleConfig.from_verifier(
+        read_config(small_verifier_dir), str(small_verifier_dir), mask_token_id=3, draft_vocab_size=1000
+    )
+    PEagleDraftModel(config).save_pretrained(tmp_path / "src", dtype=torch.float32)
+    stored = json.loads((tmp_path / "src" / "config.json").read_text())
+    (tmp_path / "src" / "config.json").write_text(json.dumps({**stored, "mask_token_id": None}))
+    with pytest.raises(InvalidCheckpointError, match="mask_token_id None must be an integer"):
+        convert_checkpoint(tmp_path / "src", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_repeated_aux_ids_are_refused(tmp_path, small_verifier_dir):
