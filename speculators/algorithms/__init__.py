@@ -58,6 +58,10 @@ class Algorithm:
     # config's order. When the exporter sorts the aux ids (vLLM concatenates the states ascending) every one of
     # them is permuted alike, or the draft reads its features shuffled (speculators.export.tensors)
     aux_blocked_tensors: tuple[tuple[str, int], ...] = AUX_BLOCKED_BY_FC
+    # a checkpoint may leave ``embed_tokens`` out: every consumer takes the verifier's embedding then (speculators
+    # 0.9.0 rebuilds it on load for DFlash/DSpark and saves none; vLLM shares the target's). False keeps the format
+    # rule "always write it": older speculators releases loaded an absent EAGLE-3 embedding as uninitialised memory
+    embed_from_verifier: bool = False
 
     def aux_layer_ids(self, config: Any) -> list[int]:
         """The aux-layer ids of a config object or dict."""
@@ -65,7 +69,9 @@ class Algorithm:
         return [int(i) for i in data.get(self.aux_layer_key) or []]
 
     def load(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> Any:
-        return self.model_class.from_pretrained(directory, dtype=dtype)
+        return self.model_class.from_pretrained(
+            directory, dtype=dtype, embed_from_verifier=self.embed_from_verifier
+        )
 
     def vllm_speculative_config(
         self, draft_dir: str | Path, config: dict[str, Any], k: int

@@ -106,7 +106,7 @@ def block_config_warnings(config: dict[str, Any]) -> Iterator[str]:
 
 
 def block_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Every tensor a DFlash checkpoint holds (embed_tokens always: the speculators library needs it); its layers
+    """Every tensor a DFlash checkpoint holds (``embed_tokens`` may be absent: ``embed_from_verifier``); its layers
     are plain Qwen3 layers (H-wide q/k/v, per-head q/k norms)."""
     from speculators.format.validate import decoder_layer_shapes, vocab_map_shapes
 
@@ -196,5 +196,6 @@ DFLASH = register(
         weight_warnings=block_weight_warnings,
         expected_shapes=block_expected_shapes,
         vllm_method="dflash",
+        embed_from_verifier=True,
     )
 )

@@ -7,7 +7,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from speculators.algorithms import Algorithm, register
-from speculators.algorithms.dflash import block_config_rules, block_expected_shapes
+from speculators.algorithms.dflash import (
+    block_config_rules,
+    block_config_warnings,
+    block_expected_shapes,
+    verifier_owned_weight_warnings,
+)
 from speculators.format.dflash_config import DSparkConfig
 from speculators.models.dspark import DSparkDraftModel
 
@@ -43,7 +48,12 @@ DSPARK = register(
         drafting="block",
         aux_layer_key="aux_hidden_state_layer_ids",
         config_rules=dspark_config_rules,
+        # DFlash's: a bidirectional block served shorter than trained, a window shorter than the context, and
+        # speculators 0.9.0 (DSpark is its DFlash subclass) replacing the embedding with the verifier's on load
+        config_warnings=block_config_warnings,
+        weight_warnings=verifier_owned_weight_warnings,
         expected_shapes=dspark_expected_shapes,
         vllm_method="dspark",
+        embed_from_verifier=True,
     )
 )

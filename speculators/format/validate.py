@@ -488,7 +488,7 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
         name = name.removeprefix("model.")
         name = "layers.0." + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name
         normalized[name] = tensor
-    if "embed_tokens.weight" not in normalized:
+    if "embed_tokens.weight" not in normalized and not unit.embed_from_verifier:
         yield error(
             "embed_tokens.weight is missing: the speculators library then loads uninitialised memory; "
             "write a copy of the verifier's embedding"

@@ -68,9 +68,16 @@ class DraftModel(nn.Module):
         return save_checkpoint(directory, self.config.to_dict(), self.export_state_dict(dtype), extra_files)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32) -> Any:
-        """Load a speculators checkpoint of this class's type (``midlayer.`` names accepted as vLLM does)."""
+    def from_pretrained(
+        cls, directory: str | Path, dtype: torch.dtype = torch.float32, embed_from_verifier: bool = False
+    ) -> Any:
+        """Load a speculators checkpoint of this class's type (``midlayer.`` names accepted as vLLM does).
+
+        ``embed_from_verifier`` (the algorithm unit's declaration): a checkpoint without ``embed_tokens.weight``
+        takes the verifier's embedding, as the consumers do for that type (speculators 0.9.0's DFlash saves none)."""
         config_dict, tensors = load_checkpoint(directory)
+        if embed_from_verifier and "embed_tokens.weight" not in tensors:
+            tensors["embed_tokens.weight"] = embedding_of_named_verifier(config_dict, directory)
         model = cls(cls.config_class.from_dict(config_dict))
         model.load_standard_tensors(tensors, source=str(directory))
         return model.to(dtype)
@@ -96,3 +103,22 @@ class DraftModel(nn.Module):
             )
         own = self.state_dict()
         self.load_state_dict({k: v.to(own[k].dtype) for k, v in renamed.items()})
+
+
+def embedding_of_named_verifier(config: dict[str, Any], directory: str | Path) -> torch.Tensor:
+    """The embedding of the verifier a checkpoint's config names, for a checkpoint that stores none."""
+    from speculators.verifier import verifier_embedding
+
+    name = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    if not name:
+        raise ValueError(
+            f"{Path(directory) / 'config.json'}: the checkpoint stores no embed_tokens.weight and names no verifier "
+            "(speculators_config.verifier.name_or_path) to take it from; set it to the verifier's directory or hub id"
+        )
+    try:
+        return verifier_embedding(name)
+    except (OSError, KeyError, ValueError) as exc:
+        raise ValueError(
+            f"{Path(directory) / 'config.json'}: the checkpoint stores no embed_tokens.weight and its verifier "
+            f"{name!r} cannot be read for it ({exc}); make the verifier available locally or write its embedding"
+        ) from exc

@@ -6,12 +6,14 @@ d2t/t2d exactly when the draft vocabulary is reduced."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from speculators import algorithms
 from speculators.cli import main as cli_main
 from speculators.export import ExportWarning, export_checkpoint
 from speculators.format import load_checkpoint, validate_checkpoint
@@ -127,3 +129,28 @@ def test_zero_shards_without_any_draft_config_are_explained(reduced, verifier_di
     tensors = {"draft." + k: v for k, v in reduced.export_state_dict().items()}
     with pytest.raises(ValueError, match="block drafter"):
         infer_draft_config(tensors, read_config(verifier_dir), str(verifier_dir), {})
+
+
+def test_a_checkpoint_without_embed_tokens_takes_the_verifiers_as_the_consumers_do(
+    full_vocab, verifier_dir, tmp_path
+):
+    """speculators 0.9.0 saves no ``embed_tokens`` for DFlash and rebuilds it from the verifier on load (vLLM shares
+    the target's): such a checkpoint validates, and our loader takes the verifier's embedding, giving the draft's
+    logits. EAGLE-3 keeps the rule that it must be written (older speculators releases loaded garbage)."""
+    out = tmp_path / "dflash-full"
+    export_checkpoint(run_of(tmp_path / "run", verifier_dir, full_vocab), out)
+    tensors = load_file(out / "model.safetensors")
+    del tensors["embed_tokens.weight"]
+    save_file(tensors, out / "model.safetensors")
+    assert not errors(validate_checkpoint(out))
+    aux, tokens = aux_and_tokens(full_vocab)
+    reloaded = algorithms.load_draft(out, dtype=torch.bfloat16)
+    assert torch.equal(
+        context_logits(reloaded, aux, tokens),
+        context_logits(copy.deepcopy(full_vocab).bfloat16(), aux, tokens),
+    )
+    config = read_config(out)
+    config["speculators_config"]["verifier"]["name_or_path"] = str(tmp_path / "no-such-verifier")
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="stores no embed_tokens.weight and its verifier"):
+        algorithms.load_draft(out)
