@@ -139,11 +139,14 @@ class FlexAnchorAttention:
         anchors, heads, slots, dim = q.shape
         ctx_k, ctx_v = self.context_kv[layer_idx]
         rows = ctx_k.shape[0]
-        keys = torch.cat([as_sequence(ctx_k, rows), as_sequence(k, self.padded_anchors)], dim=2)
-        values = torch.cat([as_sequence(ctx_v, rows), as_sequence(v, self.padded_anchors)], dim=2)
+        # one dtype for flex: under bf16 autocast the q/k norms leave q and k in fp32 while v is bf16 (the chunked
+        # kernel's einsums are autocast instead)
+        dtype = v.dtype
+        keys = torch.cat([as_sequence(ctx_k, rows), as_sequence(k, self.padded_anchors)], dim=2).to(dtype)
+        values = torch.cat([as_sequence(ctx_v, rows), as_sequence(v, self.padded_anchors)], dim=2).to(dtype)
         flex = _compiled("flex_attention", self.compile_backend)
         out = flex(
-            as_sequence(q, self.padded_anchors), keys, values, block_mask=self.block_mask,
+            as_sequence(q, self.padded_anchors).to(dtype), keys, values, block_mask=self.block_mask,
             enable_gqa=heads != keys.shape[1],
         )  # fmt: skip
         return out.view(heads, self.padded_anchors, slots, dim)[:, :anchors].transpose(0, 1)
@@ -165,7 +168,15 @@ def flex_anchor_attention(
     if compile_backend == "auto":
         compile_backend = default_compile_backend(document_ids.device)
     block_mask = anchor_block_mask(
-        rows, cols, document_ids, position_ids, block_positions, causal, window, padded_anchors, compile_backend
+        rows,
+        cols,
+        document_ids,
+        position_ids,
+        block_positions,
+        causal,
+        window,
+        padded_anchors,
+        compile_backend,
     )
     return FlexAnchorAttention(context_kv, block_mask, padded_anchors, compile_backend)
 

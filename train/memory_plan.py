@@ -242,7 +242,12 @@ def flex_block_bytes(settings: TrainSettings, draft_config: Any, dtype: torch.dt
     if train.attention_backend not in ("auto", "flex"):  # auto: flex on the CUDA GPUs this plans for
         return {}
     return flex_held_bytes(
-        train.micro_batch_size, train.max_length, train.max_anchors, draft_config.block_size, draft_config, dtype
+        train.micro_batch_size,
+        train.max_length,
+        train.max_anchors,
+        draft_config.block_size,
+        draft_config,
+        dtype,
     )
 
 

@@ -51,7 +51,9 @@ def explicit_mask(rows, cols, documents, positions, block_pos, causal, window, a
         mask[q, context + n * SLOTS : context + (n + 1) * SLOTS] = own
         if n < rows.numel():
             row = int(rows[n])
-            seen = context_visible(cols[n : n + 1], documents[row], positions[row], block_pos[n : n + 1], window)
+            seen = context_visible(
+                cols[n : n + 1], documents[row], positions[row], block_pos[n : n + 1], window
+            )
             mask[q, row * length : (row + 1) * length] = seen[0]
     return mask
 
@@ -204,7 +206,10 @@ def test_the_dflash_8b_plan_counts_flex_linear_in_anchors():
         parts = plans[n]["flex_block_attention_bytes"]
         return parts["anchors"] + parts["block_mask"]
 
-    assert 2.0 <= anchor_part(512) / anchor_part(256) < 2.01 and 2.0 <= anchor_part(256) / anchor_part(128) < 2.01
+    assert (
+        2.0 <= anchor_part(512) / anchor_part(256) < 2.01
+        and 2.0 <= anchor_part(256) / anchor_part(128) < 2.01
+    )
     assert flex["block_mask"] < 0.002 * flex["anchors"]  # the quadratic-in-blocks part is negligible
     peaks = [plans[n]["activation_peak_bytes"] for n in (128, 256, 512)]
     assert 1.9 < (peaks[2] - peaks[1]) / (peaks[1] - peaks[0]) < 2.1, peaks

@@ -58,8 +58,10 @@ class AnchorBlockDraft(nn.Module):
         super().__init__()
         self.draft = draft
         self.anchor_chunk = anchor_chunk
-        self.attention_backend = attention_backend  # train.attention_backend: auto = flex on CUDA, else chunked
-        self.max_anchors = max_anchors  # flex pads the anchors to this count: one compiled shape per row bucket
+        # train.attention_backend (auto: flex on CUDA, else chunked); flex pads the anchors to max_anchors, so
+        # it compiles one shape per row bucket
+        self.attention_backend = attention_backend
+        self.max_anchors = max_anchors
 
     def forward(
         self,
