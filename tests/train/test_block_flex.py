@@ -22,6 +22,7 @@ from train.anchor_attention import BLOCK, anchor_mask_mod, flex_held_bytes, padd
 from train.objectives.anchor_blocks import AnchorBlockDraft, context_visible, sample_anchors
 
 SLOTS = 4
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
 def packed_rows(rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
