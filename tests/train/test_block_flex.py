@@ -214,3 +214,51 @@ def test_the_dflash_8b_plan_counts_flex_linear_in_anchors():
     assert flex["block_mask"] < 0.002 * flex["anchors"]  # the quadratic-in-blocks part is negligible
     peaks = [plans[n]["activation_peak_bytes"] for n in (128, 256, 512)]
     assert 1.9 < (peaks[2] - peaks[1]) / (peaks[1] - peaks[0]) < 2.1, peaks
+
+
+def test_compiled_flex_sees_one_shape_whatever_the_anchor_count(anchored_batch):
+    """Micro batches with 50, 37 and 12 anchors (other documents, other rows) all pad to 64: with dynamo's
+    recompile limit made fatal at one shape per function, compiled create_block_mask and flex_attention (the
+    ``aot_eager`` CPU stand-in for inductor: same tracing and guards, see test_flex_shapes.py) never recompile, and
+    give the eager result; anchors padded to another count are a new shape, which the limit makes an error."""
+    import torch._dynamo
+
+    from train.ttt_attention import limit_flex_recompiles
+
+    rows, cols, documents, positions, block_pos, anchors = anchored_batch
+    config = torch._dynamo.config
+    saved = {
+        key: getattr(config, key)
+        for key in ("recompile_limit", "fail_on_recompile_limit_hit", "suppress_errors")
+    }
+    with config.patch(saved):  # restored on exit: the fatal limit is this test's only
+        limit_flex_recompiles(1)
+        try:
+            for count, seed in ((50, 0), (37, 1), (12, 2)):
+                attend, q, k, v = random_anchor_call(rows, cols, documents, positions, block_pos, count, seed)
+                compiled = attend(anchors, "aot_eager")(0, q, k, v)
+                torch.testing.assert_close(compiled, attend(anchors, None)(0, q, k, v), atol=1e-5, rtol=1e-5)
+            with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+                attend(anchors + 1, "aot_eager")(0, q, k, v)
+        finally:
+            torch._dynamo.reset()
+    assert {key: getattr(config, key) for key in saved} == saved
+
+
+def random_anchor_call(rows, cols, documents, positions, block_pos, count: int, seed: int):
+    """``count`` of the batch's anchors with random q/k/v and context: ``(attend(padded, backend), q, k, v)``."""
+    from train.anchor_attention import flex_anchor_attention
+
+    generator = torch.Generator().manual_seed(seed)
+    keep = torch.randperm(rows.numel(), generator=generator)[:count].sort().values
+    context = [tuple(torch.randn(2, 2, 2, 200, 8, generator=generator))]
+    q = torch.randn(count, 4, SLOTS, 8, generator=generator)
+    k, v = torch.randn(2, count, 2, SLOTS, 8, generator=generator)
+
+    def attend(padded_anchors: int, backend: str | None):
+        return flex_anchor_attention(
+            context, rows[keep], cols[keep], documents, positions, block_pos[keep], True, None, padded_anchors,
+            compile_backend=backend,
+        )  # fmt: skip
+
+    return attend, q, k, v
