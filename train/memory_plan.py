@@ -13,7 +13,10 @@ if every position were a trained position (packing fills every row), which is th
 Assumptions (also written into the JSON): micro batches are ``micro_batch_size`` rows of ``max_length`` tokens
 (packed full); the traced kernel is the linear-memory chunked TTT attention (flex attention keeps the same q/k/v/out
 and log-sum-exp, never a score matrix), plus, where the recipe's backend is flex (auto on CUDA), the keys and values
-flex concatenates and zero-pads to the unroll's full key length at every step and keeps for backward; gradients are freed as they are accumulated (DeepSpeed reduces them into
+flex concatenates and zero-pads to the unroll's full key length at every step and keeps for backward, and for the
+block drafters under flex what their flex attention keeps beyond the chunked trace (the rows' context keys/values
+as one sequence, per-anchor outputs and log-sum-exp, the block mask: train.anchor_attention.flex_held_bytes, at
+``max_anchors`` anchors); gradients are freed as they are accumulated (DeepSpeed reduces them into
 its own buffers, counted in the static part), and allocator fragmentation and the CUDA context (~0.5-1 GB) are not
 in the count.
 
@@ -229,6 +232,25 @@ def flex_padded_key_bytes(
     return 2 * one * ttt_steps * draft_config.num_layers
 
 
+def flex_block_bytes(settings: TrainSettings, draft_config: Any, dtype: torch.dtype) -> dict[str, int]:
+    """What the block drafters' flex attention keeps for backward beyond the chunked trace, by part (context,
+    anchors, block_mask: :func:`train.anchor_attention.flex_held_bytes`) at the recipe's ``max_anchors`` (flex pads
+    to it) and full blocks; empty when the recipe asks for the chunked (or dense) kernel."""
+    from train.anchor_attention import flex_held_bytes
+
+    train = settings.train
+    if train.attention_backend not in ("auto", "flex"):  # auto: flex on the CUDA GPUs this plans for
+        return {}
+    return flex_held_bytes(
+        train.micro_batch_size,
+        train.max_length,
+        train.max_anchors,
+        draft_config.block_size,
+        draft_config,
+        dtype,
+    )
+
+
 def batch_bytes(batch: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in batch.values())
 
@@ -405,7 +427,8 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
         flex_keys = flex_padded_key_bytes(
             rows, length, objective.steps, draft_config, dtype, train_cfg.attention_backend
         )
-    activations = trace_step(model, head, batch, objective) + flex_keys
+    flex_blocks = flex_block_bytes(settings, draft_config, dtype) if algorithm.drafting == "block" else {}
+    activations = trace_step(model, head, batch, objective) + flex_keys + sum(flex_blocks.values())
     static, peak, frozen = {}, {}, {}
     hardware_gpus = (hardware or {}).get("gpus")
     process_counts = sorted({*PROCESS_COUNTS, *([hardware_gpus] if hardware_gpus else [])})
@@ -464,6 +487,7 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
         "batch_bytes": batch_bytes(batch),
         "activation_peak_bytes": activations,
         "flex_padded_keys_bytes": flex_keys,  # included in activation_peak_bytes
+        "flex_block_attention_bytes": flex_blocks,  # block drafters under flex, by part; included too
         "static_bytes_per_rank": static,
         "frozen_bytes_per_rank": frozen,
         "peak_bytes_per_rank": peak,

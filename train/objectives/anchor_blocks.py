@@ -8,8 +8,10 @@ after the verifier confirmed x_0..x_t and emitted x_{t+1}:
     context = the draft's context K/V of positions 0..t of the same document (a sliding window if the layout has one)
 
 Slot s = j + 1 is step j of the shared statistics: it targets the verifier's distribution at t+1+j (token
-x_{t+2+j}). Every block of the micro batch is one forward (in anchor chunks: the scores of a chunk are
-``anchors · slots · (L + slots)``, so memory is linear in the number of anchors).
+x_{t+2+j}). Every block of the micro batch is one forward, its attention chosen by ``train.attention_backend``
+(``auto``: flex on CUDA, chunked elsewhere). Chunked: anchor chunks whose scores ``anchors · slots · (L + slots)``
+are recomputed in backward; flex (:mod:`train.anchor_attention`): one block-sparse flex_attention over the whole
+micro batch. Either way memory is linear in the number of anchors.
 
 Loss: soft cross-entropy (forward KL) per slot, weighted per position by ``train.position_weighting``:
 ``exp_decay`` (w_j = exp(-j / γ)) or ``dpace`` (each slot weighs the expected number of accepted tokens it
@@ -29,24 +31,37 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from speculators.format.dflash_config import DFlashConfig, DSparkConfig
-from speculators.models.dflash import DFlashDraftModel
+from speculators.models.dflash import ContextKV, DFlashDraftModel
 from speculators.models.dspark import DSparkDraftModel
+from speculators.models.layers import AttendFn
 from speculators.vocab import DraftVocab
+from train.anchor_attention import flex_anchor_attention
 from train.assemble import block_draft_config, build_block_draft
 from train.data import MicroBatch
 from train.losses import StepMasks, StepTerms, soft_cross_entropy
 from train.objectives import Objective, Plan, register
 from train.step_stats import StepStats
 from train.targets import TargetHead
+from train.ttt_attention import resolve_backend
 
 
 class AnchorBlockDraft(nn.Module):
     """Wraps a block drafter (its parameters are ``draft.*``): one forward = every sampled anchor's block."""
 
-    def __init__(self, draft: DFlashDraftModel, anchor_chunk: int) -> None:
+    def __init__(
+        self,
+        draft: DFlashDraftModel,
+        anchor_chunk: int,
+        attention_backend: str = "chunked",
+        max_anchors: int = 0,
+    ) -> None:
         super().__init__()
         self.draft = draft
         self.anchor_chunk = anchor_chunk
+        # train.attention_backend (auto: flex on CUDA, else chunked); flex pads the anchors to max_anchors, so
+        # it compiles one shape per row bucket
+        self.attention_backend = attention_backend
+        self.max_anchors = max_anchors
 
     def forward(
         self,
@@ -57,56 +72,84 @@ class AnchorBlockDraft(nn.Module):
         rows: torch.Tensor,
         cols: torch.Tensor,
         slots: int,
+        backend: str | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Draft logits ``[N, slots - 1, Vd]`` of the draft slots (1..) of the blocks anchored after positions
         ``(rows[n], cols[n])`` (the anchor slot proposes nothing: its head is never computed), and the
         draft's other heads' outputs (DSpark's confidence ``[N, slots]``). Each slot's previous token (what DSpark's
-        Markov head reads) is the data token before its target: teacher forcing."""
+        Markov head reads) is the data token before its target: teacher forcing. ``backend`` overrides the
+        attention backend for this call (evaluation runs ``chunked``: see :mod:`train.anchor_attention`)."""
         draft = self.draft
         context = draft.project_context(aux_hidden.to(draft.fc.weight.dtype))
         context_kv = draft.context_kv(context, position_ids)
         length = input_ids.shape[1]
-        columns = torch.arange(length, device=input_ids.device)
         window, causal = draft.config.sliding_window, draft.config.block_causal
         block_ids, block_pos = draft.block_inputs(
             input_ids[rows, (cols + 1).clamp(max=length - 1)], position_ids[rows, cols] + 1
         )
         block_ids, block_pos = block_ids[:, :slots], block_pos[:, :slots]
-        chunks = row_chunks(rows, self.anchor_chunk, input_ids.shape[0])
+        if resolve_backend(backend or self.attention_backend, input_ids.device) == "flex":
+            attend: AttendFn = flex_anchor_attention(
+                context_kv, rows, cols, document_ids, position_ids, block_pos, causal, window,
+                max(rows.numel(), self.max_anchors),
+            )  # fmt: skip
+        else:
+            attend = self.chunked_attend(context_kv, rows, cols, document_ids, position_ids, block_pos)
+        prev_cols = (cols[:, None] + torch.arange(slots, device=cols.device)[None]).clamp(max=length - 1)
+        prev_ids = input_ids[rows[:, None], prev_cols]
+        hidden = draft.block_hidden(block_ids, block_pos, attend)
+        drafted, prev = hidden[:, 1:], prev_ids[:, 1:]
+        return draft.slot_logits(drafted, prev), draft.aux_outputs(drafted, prev)
 
-        def visible(start: int, stop: int, row: int) -> torch.Tensor:
-            """[A, slots, L]: context columns <= t of the anchor's own document (inside the window, if any)."""
-            c = cols[start:stop]
-            seen = (columns[None] <= c[:, None]) & (document_ids[row][None] == document_ids[row, c][:, None])
-            seen = seen[:, None, :].expand(-1, slots, -1)
-            if window is not None:
-                seen = seen & (position_ids[row][None, None, :] > block_pos[start:stop, :, None] - window)
-            return seen
-
-        seen_by_chunk = [visible(start, stop, row) for start, stop, row in chunks]  # the same for every layer
+    def chunked_attend(
+        self,
+        context_kv: ContextKV,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        document_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        block_pos: torch.Tensor,
+    ) -> AttendFn:
+        """The chunked callback: anchors in chunks of ``anchor_chunk`` within one row, each chunk against that row's
+        context (:func:`anchored_attention`); runs anywhere."""
+        config = self.draft.config
+        chunks = row_chunks(rows, self.anchor_chunk, document_ids.shape[0])
+        seen_by_chunk = [  # the same for every layer
+            context_visible(cols[start:stop], document_ids[row], position_ids[row], block_pos[start:stop],
+                            config.sliding_window)
+            for start, stop, row in chunks
+        ]  # fmt: skip
 
         def attend(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             # every module runs once per micro batch whatever the anchor count (ZeRO-3 gathers per module call)
             ctx_k, ctx_v = context_kv[layer_idx]
             out = [
                 anchored_attention(
-                    q[start:stop],
-                    k[start:stop],
-                    v[start:stop],
-                    ctx_k[row],
-                    ctx_v[row],
-                    seen,
-                    causal,
+                    q[start:stop], k[start:stop], v[start:stop], ctx_k[row], ctx_v[row], seen, config.block_causal
                 )
                 for (start, stop, row), seen in zip(chunks, seen_by_chunk, strict=True)
-            ]
+            ]  # fmt: skip
             return torch.cat(out) if out else q.new_zeros(q.shape)
 
-        prev_cols = (cols[:, None] + torch.arange(slots, device=cols.device)[None]).clamp(max=length - 1)
-        prev_ids = input_ids[rows[:, None], prev_cols]
-        hidden = draft.block_hidden(block_ids, block_pos, attend)
-        drafted, prev = hidden[:, 1:], prev_ids[:, 1:]
-        return draft.slot_logits(drafted, prev), draft.aux_outputs(drafted, prev)
+        return attend
+
+
+def context_visible(
+    cols: torch.Tensor,
+    document_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    block_pos: torch.Tensor,
+    window: int | None,
+) -> torch.Tensor:
+    """``[A, S, L]``: which context columns of ONE row each slot of the blocks anchored at ``cols [A]`` sees:
+    columns <= the anchor of the anchor's own document, and with a ``window`` only positions > the slot's
+    position (``block_pos [A, S]``) - window. The rule :func:`train.anchor_attention.anchor_mask_mod` encodes."""
+    columns = torch.arange(document_ids.shape[0], device=cols.device)
+    seen = (columns[None] <= cols[:, None]) & (document_ids[None] == document_ids[cols][:, None])
+    seen = seen[:, None, :].expand(-1, block_pos.shape[1], -1)
+    if window is not None:
+        seen = seen & (position_ids[None, None, :] > block_pos[:, :, None] - window)
+    return seen
 
 
 def row_chunks(rows: torch.Tensor, size: int, num_rows: int) -> list[tuple[int, int, int]]:
@@ -246,7 +289,9 @@ class AnchorBlocks(Objective):
         draft = build_block_draft(
             self.settings, self.config_class, self.model_class, verifier_config, features, vocab, head
         )
-        return draft.config, AnchorBlockDraft(draft, self.settings.train.anchor_chunk)
+        train = self.settings.train
+        model = AnchorBlockDraft(draft, train.anchor_chunk, train.attention_backend, train.max_anchors)
+        return draft.config, model
 
     def meta_model(
         self,
@@ -275,13 +320,21 @@ class AnchorBlocks(Objective):
         return Plan(at_anchors(masks, rows, cols), needed, {"rows": rows, "cols": cols})
 
     def _terms(
-        self, model: nn.Module, batch: MicroBatch, plan: Plan, head: TargetHead, steps: int
+        self,
+        model: nn.Module,
+        batch: MicroBatch,
+        plan: Plan,
+        head: TargetHead,
+        steps: int,
+        backend: str | None = None,
     ) -> BlockTerms:
-        """One forward over the plan's blocks, scored slot by slot against the verifier."""
+        """One forward over the plan's blocks, scored slot by slot against the verifier (``backend``: the
+        attention backend of this forward, default the model's)."""
         rows, cols = plan.extra["rows"], plan.extra["cols"]
         logits, extras = model(
-            batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids, rows, cols, steps + 1
-        )
+            batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids, rows, cols, steps + 1,
+            backend,
+        )  # fmt: skip
         masks = plan.masks
         length = batch.input_ids.shape[1]
         ce = logits.new_zeros(rows.numel(), steps, dtype=torch.float32)
@@ -335,12 +388,13 @@ class AnchorBlocks(Objective):
     def evaluate(
         self, model: nn.Module, batch: MicroBatch, head: TargetHead, stats: StepStats, steps: int
     ) -> None:
-        """Every held-out position that starts a draft anchors a block of ``steps`` draft slots."""
+        """Every held-out position that starts a draft anchors a block of ``steps`` draft slots, through the chunked
+        kernel whatever the backend (a varying anchor count, and no backward: see :mod:`train.anchor_attention`)."""
         steps = min(steps, self.steps)
         masks, needed = self.step_masks(batch, batch.loss_mask, head, steps)
         rows, cols = masks.valid[0].nonzero(as_tuple=True)
         plan = Plan(at_anchors(masks, rows, cols), needed, {"rows": rows, "cols": cols})
-        out = self._terms(model, batch, plan, head, steps)
+        out = self._terms(model, batch, plan, head, steps, backend="chunked")
         logits = out.logits
         for j, term in enumerate(out.terms):
             stats.add_terms(j, term, batch.weight)
