@@ -279,6 +279,20 @@ def run_wave(lanes: list[list[Stage]], logs: Path) -> dict[str, dict[str, Any]]:
     return records
 
 
+def chosen_lanes(wave: list[list[Stage]], lanes: str | None) -> list[list[Stage]]:
+    """The wave's lanes named in ``--lanes`` (a lane is named by its first stage, ``train_<name>``); all without it."""
+    if not lanes:
+        return wave
+    wanted = set(lanes.split(","))
+    known = {stages[0][0].removeprefix("train_") for stages in wave}
+    if "data_gen" in known:
+        return wave
+    unknown = wanted - known
+    if unknown:
+        raise SystemExit(f"[bench] --lanes: unknown {sorted(unknown)}; the lanes are {sorted(known)}")
+    return [stages for stages in wave if stages[0][0].removeprefix("train_") in wanted]
+
+
 def export_curve(root: Path, logs: Path, count: int) -> dict[int, Path]:
     """``count`` checkpoints of the EAGLE-3 run, evenly spaced and the last included, exported (each a stage:
     skipped when done); vLLM measures these, the trainer's evaluation covers every step in between."""
@@ -470,15 +484,23 @@ def main() -> None:
         help="run data_gen, the training lanes and the exports, then stop: the measurements need the machine to "
         "themselves, so they can run later (a rerun without this flag skips every completed stage)",
     )
+    parser.add_argument(
+        "--lanes",
+        help="comma-separated training lanes to run now (eagle3, hass, peer, peagle, dflash, dspark, peer_peagle, "
+        "peer_dflash; data_gen always): e.g. to retrain one lane after a change; implies --train-only",
+    )
     args = parser.parse_args()
+    args.train_only = args.train_only or bool(args.lanes)
     cfg = settings(args.quick)
     root = Path(cfg["root"])
     logs = root / "bench_logs"
     started = time.perf_counter()
     stage_records: dict[str, Any] = {}
     for wave in pipeline(root, cfg["overrides"], cfg["eval_every"], cfg["cpu_budget_s"], cfg["lane_epochs"]):
-        stage_records.update(run_wave(wave, logs))
-    curve_exports = export_curve(root, logs, cfg["curve_checkpoints"])
+        stage_records.update(run_wave(chosen_lanes(wave, args.lanes), logs))
+    # the curve's exports come from the EAGLE-3 run's checkpoints: only once that lane has run
+    curve_run = not args.lanes or "eagle3" in args.lanes.split(",")
+    curve_exports = export_curve(root, logs, cfg["curve_checkpoints"]) if curve_run else {}
     if args.train_only:
         print(
             f"[bench] --train-only: every training stage is complete under {root}; measure with the same "
