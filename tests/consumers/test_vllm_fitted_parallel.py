@@ -233,9 +233,14 @@ def exports(root, verifier) -> dict[str, Export]:
 
 
 @pytest.fixture(scope="module")
-def served(exports, verifier, root) -> dict[str, bridge.VllmResult]:
-    """Every P-EAGLE and DFlash export, controls included, in ONE vLLM worker run (fp32, greedy, EOS ignored)."""
+def vllm_env() -> None:
+    """The one rule for a missing consumer (skip locally, fail under CI=true), checked before any draft is fitted."""
     require_consumer(bridge.vllm_available(), "the vLLM virtualenv", "vllm-env")
+
+
+@pytest.fixture(scope="module")
+def served(vllm_env, exports, verifier, root) -> dict[str, bridge.VllmResult]:
+    """Every P-EAGLE and DFlash export, controls included, in ONE vLLM worker run (fp32, greedy, EOS ignored)."""
     requests = [
         bridge.VllmRequest(
             name=name,
