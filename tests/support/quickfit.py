@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from speculators.decoding.engine import plain_generate
-from speculators.format.config import Eagle3Config, default_aux_layer_ids
+from speculators.format.config import default_aux_layer_ids
 from speculators.models.eagle3 import Eagle3DraftModel
 from speculators.verifier import capture_aux_states, final_norm
 from speculators.vocab import DraftVocab, build_draft_vocab
@@ -101,19 +101,23 @@ def init_draft(
     aux_layer_ids: Sequence[int] | None,
     num_layers: int = 1,
     seed: int = 0,
+    model_class: type[Eagle3DraftModel] = Eagle3DraftModel,
+    **config_fields: Any,
 ) -> Eagle3DraftModel:
     """A draft shaped after the verifier; embedding copied (frozen), lm_head and final norm copied from the
-    verifier's rows of the draft vocabulary (a strong start)."""
+    verifier's rows of the draft vocabulary (a strong start). ``model_class``: a draft of the EAGLE-3 family
+    (P-EAGLE's, whose own config fields, e.g. its mask token, come in ``config_fields``)."""
     torch.manual_seed(seed)
-    config = Eagle3Config.from_verifier(
+    config = model_class.config_class.from_verifier(
         verifier.config.to_dict(),
         name_or_path,
         draft_vocab_size=vocab.draft_vocab_size,
         aux_layer_ids=aux_layer_ids,
         num_layers=num_layers,
         torch_dtype="float32",
+        **config_fields,
     )
-    draft = Eagle3DraftModel(config)
+    draft = model_class(config)
     draft.set_vocab(vocab.d2t, vocab.t2d)
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(verifier.get_input_embeddings().weight.float().cpu())
@@ -174,10 +178,13 @@ def fit_steps(
     lr: float = 3e-3,
     batch_size: int = 8,
     seed: int = 0,
+    unroll: type[TTTDraft] = TTTDraft,
 ) -> list[float]:
-    """AdamW (cosine schedule, clipping 1.0) on the unrolled cross-entropy against the verifier's greedy tokens."""
+    """AdamW (cosine schedule, clipping 1.0) on the unrolled cross-entropy against the verifier's greedy tokens.
+    ``unroll``: the trainer's wrapper that computes every step (P-EAGLE's ``ParallelDraft``: its K depths score
+    the same targets as the TTT steps, train/objectives/parallel_eagle.py)."""
     generator = torch.Generator().manual_seed(seed)
-    model = TTTDraft(draft, ttt_steps, attention_backend="chunked")
+    model = unroll(draft, ttt_steps, attention_backend="chunked")
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(

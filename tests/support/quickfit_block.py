@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from speculators.format.config import default_aux_layer_ids
-from speculators.format.dflash_config import DFlashConfig
 from speculators.models.dflash import DFlashDraftModel, block_attention
 from speculators.verifier import final_norm
 from tests.support.quickfit import FitData, collect, draft_vocabulary
@@ -33,13 +33,16 @@ def init_block_draft(
     mask_token_id: int,
     aux_layer_ids: Sequence[int],
     seed: int = 0,
+    model_class: type[DFlashDraftModel] = DFlashDraftModel,
+    **config_fields: Any,
 ) -> DFlashDraftModel:
-    """A DFlash draft over the continuations' most frequent tokens; embedding (frozen), lm_head rows and final norm
-    copied from the verifier (a strong start)."""
+    """A block draft (``model_class``: DFlash's or DSpark's, whose own config fields, e.g. its Markov rank, come in
+    ``config_fields``) over the continuations' most frequent tokens; embedding (frozen), lm_head rows and final
+    norm copied from the verifier (a strong start)."""
     torch.manual_seed(seed)
     vocab_size = verifier.config.vocab_size
     vocab = draft_vocabulary(data, vocab_size, min(draft_vocab_size, vocab_size))
-    config = DFlashConfig.from_verifier(
+    config = model_class.config_class.from_verifier(
         verifier.config.to_dict(),
         name_or_path,
         mask_token_id=mask_token_id,
@@ -48,8 +51,9 @@ def init_block_draft(
         block_size=block_size,
         block_causal=block_causal,
         torch_dtype="float32",
+        **config_fields,
     )
-    draft = DFlashDraftModel(config)
+    draft = model_class(config)
     draft.set_vocab(vocab.d2t, vocab.t2d)
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(verifier.get_input_embeddings().weight.float().cpu())
@@ -59,7 +63,9 @@ def init_block_draft(
 
 
 def block_loss(draft: DFlashDraftModel, aux: torch.Tensor, tokens: torch.Tensor, first: int) -> torch.Tensor:
-    """Mean cross-entropy of every block anchored at ``first .. T-2`` of one sequence against its next tokens."""
+    """Mean cross-entropy of every block anchored at ``first .. T-2`` of one sequence against its next tokens.
+    Each slot's previous token (what DSpark's Markov head reads; DFlash ignores it) is the data token before its
+    target: teacher forcing, as the trainer does."""
     length, block = len(tokens), draft.config.block_size
     anchors = torch.arange(first, length - 1)
     positions = torch.arange(length)
@@ -77,7 +83,8 @@ def block_loss(draft: DFlashDraftModel, aux: torch.Tensor, tokens: torch.Tensor,
         context_k, context_v = (t.expand(count, -1, -1, -1) for t in kv[layer])
         return block_attention(q, k, v, context_k, context_v, visible, draft.config.block_causal)
 
-    logits = draft(ids, block_positions, attend)[:, 1:]  # slot s predicts the token at a + s
+    previous = tokens[(block_positions - 1).clamp(0, length - 1)]
+    logits = draft(ids, block_positions, attend, previous)[:, 1:]  # slot s predicts the token at a + s
     target_positions = block_positions[:, 1:]
     inside = target_positions < length
     targets = tokens[target_positions.clamp(max=length - 1)]
@@ -99,8 +106,11 @@ def fit_block_draft(
     steps: int = 150,
     lr: float = 3e-3,
     seed: int = 0,
+    model_class: type[DFlashDraftModel] = DFlashDraftModel,
+    **config_fields: Any,
 ) -> tuple[DFlashDraftModel, list[float]]:
-    """Fit a DFlash draft on the verifier's greedy continuations of ``prompts``; returns it and the losses."""
+    """Fit a block draft (``model_class``, see :func:`init_block_draft`) on the verifier's greedy continuations of
+    ``prompts``; returns it and the losses."""
     aux_layer_ids = default_aux_layer_ids(verifier.config.num_hidden_layers)
     data = collect(verifier, prompts, aux_layer_ids, max_new_tokens)
     draft = init_block_draft(
@@ -113,6 +123,8 @@ def fit_block_draft(
         mask_token_id,
         aux_layer_ids,
         seed,
+        model_class,
+        **config_fields,
     )
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
