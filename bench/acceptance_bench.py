@@ -162,7 +162,7 @@ def pipeline(
     data = root / EAGLE / "data"
     peer_lane = [PY, "bench/peer_lane.py", "--data", str(data)]
     peer = [*peer_lane, "--out", str(root / "peer"), "--recipe", EAGLE]
-    # the peer's parallel lanes: the steps that fit the same CPU budget (a timing probe), at most our lanes' epochs
+    # every peer lane: the steps that fit the same CPU budget (a timing probe), at most our lanes' epochs
     epochs = [f"train.epochs={lane_epochs}"] if lane_epochs else []
     peer_budget = [f"--cpu-budget={cpu_budget}", f"--threads={max(1, (os.cpu_count() or 2) // 2)}"]
     peer_budget += [f"--override={o}" for o in [*overrides, *epochs]]
@@ -185,7 +185,7 @@ def pipeline(
                 ),
                 ("export_hass", [*export, str(root / HASS), str(exports / "hass")], exports / "hass"),
             ],
-            [("train_peer", [*peer, *[f"--override={o}" for o in overrides]], root / "peer")],
+            [("train_peer", [*peer, *peer_budget], root / "peer")],
             *[
                 [
                     (
