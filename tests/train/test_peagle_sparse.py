@@ -9,17 +9,19 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import train.ttt_attention as ttt_attention
 from speculators.format.config import PEagleConfig
 from speculators.models.peagle import PEagleDraftModel
-from tests.train.conftest import compose
+from tests.train.conftest import compose, tiny_overrides
 from train.data import MicroBatch
 from train.objectives import Plan, objective_for
 from train.objectives.parallel_eagle import ParallelDraft, chain_elements
 from train.settings import TrainSettings
 from train.step_stats import StepStats
 from train.targets import TargetHead
+from train.trainer import train
 
 DEPTHS, ROWS, LENGTH, VOCAB = 4, 2, 48, 64
 
@@ -121,3 +123,25 @@ def test_chain_elements_close_the_sampled_set_under_prefixes():
     sampled[3, 0, 4] = True  # depth 3 at anchor 4 alone: depths 1 and 2 of that anchor are its diagonal keys
     sampled[1, 0, 1] = True
     assert [e.tolist() for e in chain_elements(sampled)] == [[1, 4], [4], [4]]
+
+
+def test_sampled_training_resumes_exactly(sharp_verifier, tiny_data, tmp_path):
+    """COD is seeded per micro batch and the sparse forward is a function of the plan: a run resumed from its
+    step-4 checkpoint logs the same losses and ends on the same weights as the run that went straight through."""
+    common = ("train.save_every=4", "train.keep_checkpoints=4", "train.eval_every=0", "train.grad_accum=2")
+
+    def run(name: str, *extra: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+        overrides = tiny_overrides(sharp_verifier, tiny_data, tmp_path / name, *common, *extra)
+        overrides[0] = "recipe=tiny_peagle"
+        train(compose(overrides), tmp_path / name)
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        losses = [r["train/loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
+        final = tmp_path / name / "checkpoints" / "step-8" / "draft" / "model.safetensors"
+        return losses, load_file(str(final))
+
+    full_losses, full_weights = run("full", "train.epochs=4")
+    start = tmp_path / "full" / "checkpoints" / "step-4"
+    resumed_losses, resumed_weights = run("resumed", "train.epochs=4", f"train.resume={start}")
+    assert len(full_losses) == 8 and resumed_losses == full_losses[4:]  # 2 steps per epoch (grad_accum 2)
+    for name, weight in full_weights.items():
+        assert torch.equal(weight, resumed_weights[name]), name
