@@ -103,9 +103,9 @@ def chain_elements(sampled: torch.Tensor) -> list[torch.Tensor]:
 
 class ParallelDraft(TTTDraft):
     """Wraps a :class:`PEagleDraftModel` (its parameters are ``draft.*``) like :class:`TTTDraft` wraps an EAGLE-3
-    draft, with its own unroll: one module forward computes every depth at every position (what DDP/DeepSpeed
-    need: one forward per backward) and returns K logits ``[B, L, Vd]``. No depth feeds the next one (the mask
-    slots read ``mask_hidden``), so there is no context to detach."""
+    draft, with its own unroll: one module forward computes every depth (what DDP/DeepSpeed need: one forward per
+    backward), at every position (K logits ``[B, L, Vd]``) or, in training, depth d >= 1 only at the sampled
+    elements. No depth feeds the next one (the mask slots read ``mask_hidden``), so there is no context to detach."""
 
     def __init__(
         self, draft: PEagleDraftModel, depths: int, attention_backend: str = "auto", chunk_size: int = 256
@@ -257,6 +257,7 @@ class ParallelDepths(TrainingTimeTest):
         step: int,
         topk: int,
     ) -> StepTerms:
+        """Depth ``step``'s sums: from the gathered ``[N_d, Vd]`` logits of a sampled forward, else the grid's."""
         elements = plan.extra.get("elements")
         if elements is None or step == 0:
             return super().terms(logits, verifier_logits, plan, step, topk)
