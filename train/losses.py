@@ -103,10 +103,35 @@ def step_terms(
     batch_idx, pos_idx = masks.trained[step].nonzero(as_tuple=True)
     draft_sel = draft_logits[batch_idx, pos_idx]
     target_sel = verifier_logits[batch_idx, pos_idx + 1 + step]
-    ce = soft_cross_entropy(draft_sel, target_sel).sum()
-    top = topk_distillation(draft_sel, target_sel, topk).sum() if topk > 0 else ce.new_zeros(())
     with torch.no_grad():
         hits = (draft_logits.argmax(-1) == masks.target_draft_id[step]) & masks.valid[step]
+    return _terms(draft_sel, target_sel, hits, topk)
+
+
+def element_terms(
+    draft_logits: torch.Tensor,
+    elements: torch.Tensor,
+    verifier_logits: torch.Tensor,
+    masks: StepMasks,
+    step: int,
+    topk: int = 0,
+) -> StepTerms:
+    """:func:`step_terms` for draft logits ``[N, Vd]`` computed only at ``elements`` (flat ``row · L + t`` indices,
+    sorted, covering every valid position of the step): the same sums, in the same order."""
+    elements = elements.to(draft_logits.device)
+    batch_idx, pos_idx = elements // masks.valid.shape[-1], elements % masks.valid.shape[-1]
+    trained = masks.trained[step][batch_idx, pos_idx]
+    draft_sel = draft_logits[trained]
+    target_sel = verifier_logits[batch_idx[trained], pos_idx[trained] + 1 + step]
+    with torch.no_grad():
+        target = masks.target_draft_id[step][batch_idx, pos_idx]
+        hits = (draft_logits.argmax(-1) == target) & masks.valid[step][batch_idx, pos_idx]
+    return _terms(draft_sel, target_sel, hits, topk)
+
+
+def _terms(draft_sel: torch.Tensor, target_sel: torch.Tensor, hits: torch.Tensor, topk: int) -> StepTerms:
+    ce = soft_cross_entropy(draft_sel, target_sel).sum()
+    top = topk_distillation(draft_sel, target_sel, topk).sum() if topk > 0 else ce.new_zeros(())
     return StepTerms(ce=ce, topk=top, correct=hits.sum().double())
 
 
@@ -153,6 +178,7 @@ __all__ = [
     "StepTerms",
     "acceptance_counts",
     "acceptance_summary",
+    "element_terms",
     "shift_left",
     "soft_cross_entropy",
     "step_masks",

@@ -63,10 +63,22 @@ def document_causal_mask(
     same document and, with a ``window``, s > t + step - window (step j's query sits at position t + j)."""
     q_pos = torch.arange(q_start, q_stop, device=document_ids.device)
     k_pos = torch.arange(k_start, k_stop, device=document_ids.device)
+    return position_mask(document_ids, q_pos, k_pos, window, step)
+
+
+def position_mask(
+    document_ids: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    window: int | None = None,
+    step: int = 0,
+) -> torch.Tensor:
+    """:func:`document_causal_mask` for queries and keys at any row indices ``q_pos`` [q] and ``k_pos`` [k] (the
+    gathered queries of P-EAGLE's chains sit at scattered positions)."""
     causal = k_pos[None, :] <= q_pos[:, None]
     if window is not None:
         causal = causal & (k_pos[None, :] > q_pos[:, None] + step - window)
-    same_doc = document_ids[:, q_start:q_stop, None] == document_ids[:, None, k_start:k_stop]
+    same_doc = document_ids[:, q_pos, None] == document_ids[:, None, k_pos]
     return (causal[None] & same_doc)[:, None, None]
 
 
@@ -92,11 +104,18 @@ def _causal_chunk(
     k_start = window_start(q_start, window, step)
     keys = k[:, :, None, k_start:q_stop]
     values = v[:, :, None, k_start:q_stop]
-    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
     mask = document_causal_mask(document_ids, q_start, q_stop, q_stop, window, step, k_start)
+    return _masked_softmax_chunk(q, keys, values, mask, scale)
+
+
+def _masked_softmax_chunk(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of a query chunk over ``keys`` where ``mask`` allows: (output, log-sum-exp) in fp32 softmax."""
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse[..., None]).to(v.dtype)
+    probs = torch.exp(scores - lse[..., None]).to(values.dtype)
     return torch.matmul(probs, values), lse
 
 
@@ -411,8 +430,135 @@ class TTTAttention:
         )
 
 
+# ---- gathered elements: P-EAGLE's sampled chains ------------------------------------------------------------
+# Training P-EAGLE scores depth d >= 1 only at the elements COD sampled (train/objectives/parallel_eagle.py), so
+# its unroll computes depth 0 at every position and depth d only at those elements. Element (t, d) sees what it
+# sees in the full unroll: the depth-0 keys of positions <= t of its document (chunked, exact) merged with the keys
+# of (t, 1..d) (:func:`merge_diagonal`). The element sets are prefix-closed ((t, d) computed => (t, d-1) computed),
+# so every diagonal key exists. Memory: O(N) for N elements plus one transient chunk × L score block.
+class GatheredElements:
+    """The elements of one depth: flat indices ``row · L + t`` (sorted), their rows and positions on the device,
+    and the query chunks (``start, stop, row, keys``: ints, one row per chunk, its queries see keys ``< keys``)."""
+
+    def __init__(self, flat: torch.Tensor, length: int, device: torch.device, chunk_size: int) -> None:
+        flat_cpu = flat.cpu()
+        self.flat = flat_cpu.to(device)
+        self.count = flat_cpu.numel()
+        self.positions = self.flat % length
+        rows_cpu = (flat_cpu // length).tolist()
+        positions_cpu = (flat_cpu % length).tolist()
+        self.chunks: list[tuple[int, int, int, int]] = []
+        start = 0
+        while start < self.count:
+            stop = min(start + chunk_size, self.count)
+            while rows_cpu[stop - 1] != rows_cpu[start]:  # a chunk never spans two rows
+                stop -= 1
+            self.chunks.append((start, stop, rows_cpu[start], positions_cpu[stop - 1] + 1))
+            start = stop
+
+    def index_in(self, earlier: GatheredElements) -> torch.Tensor:
+        """Where each of these elements sits among ``earlier``'s (same anchors one depth or more lower)."""
+        return torch.searchsorted(earlier.flat, self.flat)
+
+
+def _gathered_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    document_ids: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_stop: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries of one row at positions ``q_pos`` (q [1,Hkv,G,c,D]) against that row's depth-0 keys ``< k_stop``
+    (k, v [1,Hkv,L,D]; document_ids [1, L])."""
+    k_pos = torch.arange(k_stop, device=q_pos.device)
+    mask = position_mask(document_ids, q_pos, k_pos)
+    return _masked_softmax_chunk(q, k[:, :, None, :k_stop], v[:, :, None, :k_stop], mask, scale)
+
+
+def gathered_causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    document_ids: torch.Tensor,
+    elements: GatheredElements,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Document-causal attention of gathered queries q [1, H, N, D] (query i at ``elements``' row and position i)
+    over their rows' depth-0 keys k, v [B, Hkv, L, D]: ``(out [1, H, N, D], lse [1, H, N] float32)``, a chunk of
+    one row's queries at a time, checkpointed like :func:`document_causal_attention`."""
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    grouped = _grouped(q, k.shape[1])
+    use_checkpoint = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    outs, lses = [], []
+    for start, stop, row, keys in elements.chunks:
+        args = (
+            grouped[:, :, :, start:stop],
+            k[row : row + 1],
+            v[row : row + 1],
+            document_ids[row : row + 1],
+            elements.positions[start:stop],
+            keys,
+            scale,
+        )
+        out, lse = (
+            checkpoint(_gathered_chunk, *args, use_reentrant=False)
+            if use_checkpoint
+            else _gathered_chunk(*args)
+        )
+        outs.append(out)
+        lses.append(lse)
+    out, lse = torch.cat(outs, dim=3), torch.cat(lses, dim=3)
+    batch, kv_heads, group, length = lse.shape
+    return _ungrouped(out), lse.reshape(batch, kv_heads * group, length)
+
+
+class ChainAttention:
+    """The ``attend(layer_idx, q, k, v)`` callback of an unroll whose depth 0 runs at every position of the batch
+    (:class:`TTTAttention`'s step 0, any backend) and whose depth d >= 1 runs only at ``elements[d - 1]``: flat
+    ``row · L + t`` indices, sorted and prefix-closed (the draft's depth-d forward is over ``[1, N_d]``)."""
+
+    def __init__(
+        self,
+        document_ids: torch.Tensor,
+        elements: list[torch.Tensor],
+        backend: str = "auto",
+        chunk_size: int = 256,
+    ) -> None:
+        self.document_ids = document_ids
+        self.depth0 = TTTAttention(document_ids, backend, chunk_size, total_steps=1)
+        length, device = document_ids.shape[1], document_ids.device
+        self.elements = [GatheredElements(flat, length, device, chunk_size) for flat in elements]
+        # diagonal[d][i]: where depth d's elements sit among depth i+1's (i + 1 < d)
+        self.diagonal = [
+            [e.index_in(self.elements[i]) for i in range(d)] for d, e in enumerate(self.elements)
+        ]
+        self._keys: dict[int, list[torch.Tensor]] = {}
+        self._values: dict[int, list[torch.Tensor]] = {}
+
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        keys = self._keys.setdefault(layer_idx, [])
+        values = self._values.setdefault(layer_idx, [])
+        depth = len(keys)
+        keys.append(k)
+        values.append(v)
+        if depth == 0:
+            return self.depth0(layer_idx, q, k, v)
+        elements = self.elements[depth - 1]
+        if elements.count == 0:  # no chain reached this depth: an empty output, still in the graph
+            return q * 0
+        out0, lse0 = gathered_causal_attention(q, keys[0], values[0], self.document_ids, elements)
+        where = self.diagonal[depth - 1]
+        diagonal_keys = [keys[i + 1][:, :, index] for i, index in enumerate(where)] + [k]
+        diagonal_values = [values[i + 1][:, :, index] for i, index in enumerate(where)] + [v]
+        return merge_diagonal(out0, lse0, q, diagonal_keys, diagonal_values)
+
+
 __all__ = [
     "BACKENDS",
+    "ChainAttention",
+    "GatheredElements",
     "TTTAttention",
     "chunked_ttt_attention",
     "dense_ttt_attention",
@@ -420,6 +566,7 @@ __all__ = [
     "flex_block_mask",
     "flex_shape_variants",
     "flex_ttt_attention",
+    "gathered_causal_attention",
     "limit_flex_recompiles",
     "merge_diagonal",
     "ttt_mask_dense",

@@ -15,12 +15,16 @@ K is ``train.ttt_steps``: P-EAGLE's depths are the TTT steps of the shared conve
 attention; only the inputs of steps >= 1 differ), so the loop, ``eval.k`` and the memory plan need no new key.
 The export's ``speculative_tokens`` is K.
 
-Compute: the simplest correct path. Every depth is computed at every position (the TTT unroll's cost), and COD
-(:func:`sample_cod`) chooses which elements are TRAINED: depth 0 at every trained position (as speculators does),
-and chains grown from up to ``train.max_anchors`` seeds, depth d keeping ``int((n_seeds - d) · max(0.7^d, 0.2))`` of
-the survivors of depth d-1 (speculators 0.9.0's rule: a fraction of the seed count). Chains are prefix-closed, so
-with every depth computed the attention each trained element sees is the one speculators builds from the sampled
-elements alone; gathering only the sampled elements would save compute, not change the loss.
+Compute: COD (:func:`sample_cod`) chooses which elements are TRAINED: depth 0 at every trained position (as
+speculators does), and chains grown from up to ``train.max_anchors`` seeds, depth d keeping
+``int((n_seeds - d) · max(0.7^d, 0.2))`` of the survivors of depth d-1 (speculators 0.9.0's rule: a fraction of the
+seed count). The plan is made before the forward, so the training forward computes depth 0 at every position (every
+element's context) and depth d >= 1 only at the sampled elements (:func:`chain_elements`, attention
+:class:`train.ttt_attention.ChainAttention`). Chains are prefix-closed, so each sampled element's keys (depth 0 at
+positions <= t of its document, and (t, 1..d)) are all computed: its logits, hence the loss and its gradients, are
+the full unroll's (``tests/train/test_peagle_sparse.py``). The full unroll (every depth at every position) stays
+the path of evaluation, which drafts K tokens at every held-out position, and of the meta-device memory plan, for
+which it is an upper bound of the sampled one.
 
 Loss: soft cross-entropy (forward KL up to the target entropy) per depth, depth d weighted
 ``train.step_weight_decay ** d`` (speculators: 1.0 for every depth), each depth normalised by the global batch's
@@ -39,11 +43,11 @@ from speculators.models.peagle import PEagleDraftModel
 from speculators.verifier import resolve_verifier_path, verifier_embedding
 from train.assemble import build_draft, calibrate_warm_start, draft_mask_token, scale_fc_by_feature_rms
 from train.data import MicroBatch
-from train.losses import StepMasks, shift_left
+from train.losses import StepMasks, StepTerms, element_terms, shift_left
 from train.objectives import Plan, register
 from train.objectives.ttt import TrainingTimeTest
 from train.targets import TargetHead
-from train.ttt_attention import TTTAttention
+from train.ttt_attention import ChainAttention, TTTAttention
 from train.unroll import TTTDraft
 
 # COD (speculators 0.9.0, models/peagle/data.py): depth d keeps max(COD_RATE^d, COD_FLOOR) of the seed count
@@ -88,11 +92,20 @@ def sample_cod(trained: torch.Tensor, max_anchors: int, seed: int) -> torch.Tens
     return selected
 
 
+def chain_elements(sampled: torch.Tensor) -> list[torch.Tensor]:
+    """The elements a sparse forward computes at depths 1..K-1, from the sampled (scored) elements bool
+    ``[K, B, L]``: each depth's flat ``row · L + t`` indices (sorted, on the CPU), closed under prefixes (an element's
+    lower depths of the same anchor are computed too: they are its diagonal keys). COD's chains are already
+    prefix-closed; the closure makes the forward right for any choice."""
+    computed = sampled[1:].flip(0).cummax(0).values.flip(0).cpu()  # depth d: sampled at some depth >= d
+    return [depth.flatten().nonzero().flatten() for depth in computed]
+
+
 class ParallelDraft(TTTDraft):
     """Wraps a :class:`PEagleDraftModel` (its parameters are ``draft.*``) like :class:`TTTDraft` wraps an EAGLE-3
-    draft, with its own unroll: one module forward computes every depth at every position (what DDP/DeepSpeed
-    need: one forward per backward) and returns K logits ``[B, L, Vd]``. No depth feeds the next one (the mask
-    slots read ``mask_hidden``), so there is no context to detach."""
+    draft, with its own unroll: one module forward computes every depth (what DDP/DeepSpeed need: one forward per
+    backward), at every position (K logits ``[B, L, Vd]``) or, in training, depth d >= 1 only at the sampled
+    elements. No depth feeds the next one (the mask slots read ``mask_hidden``), so there is no context to detach."""
 
     def __init__(
         self, draft: PEagleDraftModel, depths: int, attention_backend: str = "auto", chunk_size: int = 256
@@ -106,12 +119,17 @@ class ParallelDraft(TTTDraft):
         position_ids: torch.Tensor,
         document_ids: torch.Tensor,
         steps: int | None = None,
+        elements: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """Depth d's logits at every anchor t (module docstring); ``steps`` overrides K (evaluation)."""
-        steps = steps or self.steps
+        """Depth d's logits at every anchor t (module docstring); ``steps`` overrides K (evaluation). With
+        ``elements`` (:func:`chain_elements`, K - 1 tensors) depth d >= 1 is computed only at ``elements[d - 1]`` and
+        its logits are ``[N_d, Vd]`` in their order; depth 0 stays ``[B, L, Vd]``."""
         draft = self.draft
         features = draft.project_features(aux_hidden.to(draft.fc.weight.dtype))
         bonus = shift_left(input_ids, 1)
+        if elements is not None:
+            return self._sampled_depths(bonus, features, position_ids, document_ids, elements)
+        steps = steps or self.steps
         attend = TTTAttention(document_ids, self.attention_backend, self.chunk_size, total_steps=steps)
         logits = []
         for depth in range(steps):
@@ -119,6 +137,27 @@ class ParallelDraft(TTTDraft):
             depth_logits, _ = draft(ids, hidden, position_ids + depth, attend)
             logits.append(depth_logits)
         return tuple(logits)
+
+    def _sampled_depths(
+        self,
+        bonus: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        elements: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, ...]:
+        """Depth 0 everywhere, depth d >= 1 as one ``[1, N_d]`` sequence of mask slots at rope positions
+        ``position_ids[b, t] + d`` (every depth runs, an empty one too: the module's parameters all take part)."""
+        draft = self.draft
+        attend = ChainAttention(document_ids, elements, self.attention_backend, self.chunk_size)
+        logits, _ = draft(bonus, features, position_ids, attend)
+        out = [logits]
+        flat_positions = position_ids.flatten()
+        for depth, gathered in enumerate(attend.elements, start=1):
+            ids, hidden = draft.mask_slots((1, gathered.count), features)
+            depth_logits, _ = draft(ids, hidden, flat_positions[gathered.flat][None] + depth, attend)
+            out.append(depth_logits[0])
+        return tuple(out)
 
 
 @register
@@ -197,7 +236,40 @@ class ParallelDepths(TrainingTimeTest):
         masks, needed = self.step_masks(batch, loss_mask, head, self.steps)
         chosen = sample_cod(masks.trained, self.settings.train.max_anchors, seed)
         sampled = StepMasks(masks.valid & chosen, masks.trained & chosen, masks.target_draft_id)
-        return Plan(sampled, needed, {})
+        if chosen.is_meta:  # the memory plan traces the full unroll (an upper bound of the sampled one)
+            return Plan(sampled, needed, {})
+        return Plan(sampled, needed, {"elements": chain_elements(sampled.valid)})
+
+    def forward_logits(self, model: nn.Module, batch: MicroBatch, plan: Plan) -> tuple[torch.Tensor, ...]:
+        """The sampled elements' logits when the plan names them (training), else every depth everywhere."""
+        elements = plan.extra.get("elements")
+        if elements is None:
+            return super().forward_logits(model, batch, plan)
+        return model(
+            batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids, elements=elements
+        )
+
+    def terms(
+        self,
+        logits: tuple[torch.Tensor, ...],
+        verifier_logits: torch.Tensor,
+        plan: Plan,
+        step: int,
+        topk: int,
+    ) -> StepTerms:
+        """Depth ``step``'s sums: from the gathered ``[N_d, Vd]`` logits of a sampled forward, else the grid's."""
+        elements = plan.extra.get("elements")
+        if elements is None or step == 0:
+            return super().terms(logits, verifier_logits, plan, step, topk)
+        return element_terms(logits[step], elements[step - 1], verifier_logits, plan.masks, step, topk)
 
 
-__all__ = ["COD_FLOOR", "COD_RATE", "ParallelDepths", "ParallelDraft", "cod_depth_size", "sample_cod"]
+__all__ = [
+    "COD_FLOOR",
+    "COD_RATE",
+    "ParallelDepths",
+    "ParallelDraft",
+    "chain_elements",
+    "cod_depth_size",
+    "sample_cod",
+]

@@ -21,7 +21,7 @@ from train.assemble import (
     scale_fc_by_feature_rms,
 )
 from train.data import MicroBatch
-from train.losses import step_terms, step_weights
+from train.losses import StepTerms, step_terms, step_weights
 from train.objectives import Objective, Plan, register
 from train.step_stats import StepStats
 from train.targets import TargetHead, target_logits
@@ -95,14 +95,29 @@ class TrainingTimeTest(Objective):
         stats: StepStats,
     ) -> torch.Tensor:
         topk, topk_weight = self.settings.train.topk, self.settings.train.topk_weight
-        logits = model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids)
+        logits = self.forward_logits(model, batch, plan)
         verifier_logits = target_logits(head, batch.last_hidden, plan.needed)
         loss = logits[0].new_zeros((), dtype=torch.float32)
         for j, weight in enumerate(self.weights):
-            terms = step_terms(logits[j], verifier_logits, plan.masks, j, topk)
+            terms = self.terms(logits, verifier_logits, plan, j, topk)
             loss = loss + weight * (terms.ce + topk_weight * terms.topk) / trained[j].float()
             stats.add_terms(j, terms)
         return loss
+
+    def forward_logits(self, model: nn.Module, batch: MicroBatch, plan: Plan) -> tuple[torch.Tensor, ...]:
+        """The training forward: every step's logits at every position."""
+        return model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids)
+
+    def terms(
+        self,
+        logits: tuple[torch.Tensor, ...],
+        verifier_logits: torch.Tensor,
+        plan: Plan,
+        step: int,
+        topk: int,
+    ) -> StepTerms:
+        """Step ``step``'s loss sums and top-1 hits from the training forward's logits."""
+        return step_terms(logits[step], verifier_logits, plan.masks, step, topk)
 
     def evaluate(
         self, model: nn.Module, batch: MicroBatch, head: TargetHead, stats: StepStats, steps: int
