@@ -166,6 +166,9 @@ class ParallelDepths(TrainingTimeTest):
     P-EAGLE's draft and COD's choice of trained elements."""
 
     algorithms = ("peagle",)
+    # the parallel unroll (and its sampled-chain attention) passes no window to its layers: a windowed P-EAGLE
+    # recipe would train without the window it exports, so the settings refuse model.sliding_window for it
+    sliding_window_layers = False
 
     def build(
         self, verifier_config: dict[str, Any], features: Any, vocab: Any, head: TargetHead, fresh: bool
