@@ -162,7 +162,8 @@ def test_window_settings_are_checked_before_anything_starts():
         TrainSettings.from_config(config)
     with pytest.raises(SettingsError, match="EAGLE-3 and HASS only"):
         TrainSettings.from_config(resolved_recipe("tiny_dflash", "+model.sliding_window=64"))
-    with pytest.raises(SettingsError, match="EAGLE-3 and HASS only"):  # P-EAGLE's parallel unroll passes no window
+    # P-EAGLE's parallel unroll passes no window
+    with pytest.raises(SettingsError, match="EAGLE-3 and HASS only"):
         TrainSettings.from_config(resolved_recipe("tiny_peagle", "model.sliding_window=64"))
     attend = TTTAttention(torch.zeros(1, 4, dtype=torch.long), backend="chunked", windows=[2])
     q = torch.randn(1, 2, 4, 8)
