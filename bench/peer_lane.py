@@ -274,14 +274,21 @@ def _bool_flag(name: str, on: bool) -> str:
     return f"--{name}" if on else f"--no-{name}"
 
 
-def eagle3_flags(draft: dict[str, Any]) -> list[str]:
-    """EAGLE-3: llama layers at full attention, norm before the residual, TTT unrolled with per-step decay."""
+def llama_layer_flags(draft: dict[str, Any]) -> list[str]:
+    """Our EAGLE-3-shaped layers: llama, full attention, norm before the residual, no extra norms."""
     return [
         "--draft-arch", "llama",
         "--full-attention-indices", *map(str, range(draft["num_layers"])),
         _bool_flag("norm-before-residual", draft["norm_before_residual"]),
         "--no-norm-before-fc",
         "--no-norm-output",
+    ]  # fmt: skip
+
+
+def eagle3_flags(draft: dict[str, Any]) -> list[str]:
+    """EAGLE-3: llama layers at full attention, norm before the residual, TTT unrolled with per-step decay."""
+    return [
+        *llama_layer_flags(draft),
         "--mask-token-id", "0",  # unused by eagle3; explicit so the peer does not load a tokenizer to pick one
         "--ttt-steps", str(draft["ttt_steps"]),
         "--ttt-step-loss-decay", repr(draft["step_weight_decay"]),
@@ -292,11 +299,7 @@ def peagle_flags(draft: dict[str, Any]) -> list[str]:
     """P-EAGLE: our EAGLE-3-shaped layers (llama, full attention), K = our ttt_steps depths, our COD seed cap and
     mask token, trainable embedding."""
     return [
-        "--draft-arch", "llama",
-        "--full-attention-indices", *map(str, range(draft["num_layers"])),
-        _bool_flag("norm-before-residual", draft["norm_before_residual"]),
-        "--no-norm-before-fc",
-        "--no-norm-output",
+        *llama_layer_flags(draft),
         _bool_flag("embed-requires-grad", draft["embed_requires_grad"]),
         "--mask-token-id", str(draft["mask_token_id"]),
         "--num-depths", str(draft["ttt_steps"]),
