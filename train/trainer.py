@@ -64,6 +64,10 @@ class Progress:
     global_batch: int = 0
     best: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    # train.max_cpu_seconds: the steps the budget was fitted to (0: not yet) and the training loop's CPU-seconds
+    # spent up to this checkpoint, so a resumed budgeted run keeps its schedule and spends only what is left
+    budget_steps: int = 0
+    budget_cpu_s: float = 0.0
 
 
 class Trainer:
@@ -167,6 +171,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         settings = self.settings
         progress = self._start()
+        if settings.train.max_cpu_seconds and progress.budget_steps:
+            self.total_steps = progress.budget_steps  # resumed: the schedule the budget was fitted to
         self.logger = RunLogger(settings, self.run_dir, self.is_main, self.total_steps, progress.step)
         self._announce(progress)
         per_epoch = self.plan.steps_per_epoch
@@ -185,8 +191,11 @@ class Trainer:
         stream = iter(loader)
         self._window = {"stats": StepStats(self.steps, self.device), "seconds": 0.0, "since": progress.step}
         self._run_start = (time.time(), progress.step)
-        self._cpu_start = time.process_time()
-        budget_fixed = not settings.train.max_cpu_seconds
+        self._cpu_start, self._cpu_before = (
+            time.process_time(),
+            progress.budget_cpu_s,
+        )  # before a resume: counts
+        budget_fixed = not settings.train.max_cpu_seconds or progress.budget_steps > 0
         self._last_eval_step = self._last_save_step = progress.step if progress.step else -1
         while progress.step < self.total_steps:
             lr = lr_at(settings, progress.step, self.total_steps)
@@ -217,11 +226,14 @@ class Trainer:
     def _fit_cpu_budget(self, progress: Progress) -> bool:
         """``train.max_cpu_seconds``: after a few steps, shorten the run (and its lr schedule) to the steps that fit
         the budget at the measured CPU-seconds per step (the slowest rank's), so runs of different algorithms can
-        be compared at equal training CPU. A budgeted run is not bit-reproducible on resume (it re-measures)."""
-        used = time.process_time() - self._cpu_start
-        per_step = torch.tensor([used / max(progress.step - self._run_start[1], 1)], device=self.device)
+        be compared at equal training CPU. The fitted step count and the CPU spent are checkpointed, so a resumed
+        run keeps its schedule (exact resume) and spends only what is left of the budget."""
+        this_attempt = time.process_time() - self._cpu_start
+        per_step = torch.tensor(
+            [this_attempt / max(progress.step - self._run_start[1], 1)], device=self.device
+        )
         per_step = float(self.accelerator.gather(per_step).max())
-        remaining = max(self.settings.train.max_cpu_seconds - used, 0.0)
+        remaining = max(self.settings.train.max_cpu_seconds - self._cpu_before - this_attempt, 0.0)
         fitted = max(
             progress.step, min(self.total_steps, progress.step + int(remaining / max(per_step, 1e-9)))
         )
@@ -231,7 +243,7 @@ class Trainer:
                 f"{fitted} steps (planned {self.total_steps})",
                 flush=True,
             )
-        self.total_steps = fitted
+        self.total_steps = progress.budget_steps = fitted
         return True
 
     def _log_train(self, progress: Progress, lr: float) -> None:
@@ -362,6 +374,7 @@ class Trainer:
         if self._last_save_step == progress.step:
             return
         self._last_save_step = progress.step
+        progress.budget_cpu_s = self._cpu_before + time.process_time() - self._cpu_start
         path = ckpt.save_step(
             self.accelerator, self.model, self.run_dir, progress.step, self.draft_config, asdict(progress)
         )

@@ -160,3 +160,43 @@ def test_cpu_budget_shortens_the_run_to_fit(sharp_verifier, tiny_data, tmp_path,
     assert 10 <= result["step"] < planned
     assert f"(planned {planned})" in capsys.readouterr().out
     assert read_best(run_dir) is not None
+
+
+def test_a_resumed_budgeted_run_keeps_its_schedule_and_spends_only_the_rest(
+    sharp_verifier, tiny_data, tmp_path
+):
+    """A bench lane killed mid-run resumes with the step count its budget was fitted to (so its lr schedule, and
+    with it every weight, is the uninterrupted run's) and counts the CPU spent before the kill: without the
+    checkpointed budget the resumed run would re-measure and get a fresh budget of its own."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from speculators.runs import list_checkpoints
+
+    def budgeted(run_dir):
+        overrides = tiny_overrides(
+            sharp_verifier, tiny_data, run_dir, "train.epochs=400", "train.micro_batch_size=1"
+        )
+        overrides[0] = "recipe=tiny_dflash"
+        budget = ["train.max_cpu_seconds=3", "train.eval_every=100000", "train.save_every=12"]
+        return compose([*overrides, *budget, "train.keep_checkpoints=1000"])
+
+    whole = tmp_path / "whole"
+    result = train(budgeted(whole), whole)
+    kept = list_checkpoints(whole)
+    middle_step, middle = kept[len(kept) // 2]
+    assert 10 < middle_step < result["step"]
+    state = json.loads((middle / "trainer_state.json").read_text())
+    assert state["budget_steps"] == result["step"] and 0 < state["budget_cpu_s"] < 3
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(middle, resumed / "checkpoints" / middle.name)
+    for name in ("config.yaml", "draft_vocab.safetensors"):
+        if (whole / name).exists():
+            shutil.copy(whole / name, resumed / name)
+    again = train(budgeted(resumed), resumed)
+    assert again["step"] == result["step"]
+    final = f"step-{result['step']}/draft/model.safetensors"
+    ours, theirs = load_file(resumed / "checkpoints" / final), load_file(whole / "checkpoints" / final)
+    assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
