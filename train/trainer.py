@@ -191,10 +191,8 @@ class Trainer:
         stream = iter(loader)
         self._window = {"stats": StepStats(self.steps, self.device), "seconds": 0.0, "since": progress.step}
         self._run_start = (time.time(), progress.step)
-        self._cpu_start, self._cpu_before = (
-            time.process_time(),
-            progress.budget_cpu_s,
-        )  # before a resume: counts
+        self._cpu_start = time.process_time()
+        self._cpu_before = progress.budget_cpu_s  # the budgeted CPU spent before a resume counts
         budget_fixed = not settings.train.max_cpu_seconds or progress.budget_steps > 0
         self._last_eval_step = self._last_save_step = progress.step if progress.step else -1
         while progress.step < self.total_steps:
@@ -233,14 +231,21 @@ class Trainer:
             [this_attempt / max(progress.step - self._run_start[1], 1)], device=self.device
         )
         per_step = float(self.accelerator.gather(per_step).max())
-        remaining = max(self.settings.train.max_cpu_seconds - self._cpu_before - this_attempt, 0.0)
+        before, note = self._cpu_before, ""
+        if (
+            not before and self._run_start[1]
+        ):  # a checkpoint that recorded no CPU (written before it was recorded)
+            before = self._run_start[1] * per_step  # its steps at today's CPU per step: an estimate, said so
+            note = f", {before:.0f} CPU-s estimated for the {self._run_start[1]} steps before the resume"
+            self._cpu_before = before
+        remaining = max(self.settings.train.max_cpu_seconds - before - this_attempt, 0.0)
         fitted = max(
             progress.step, min(self.total_steps, progress.step + int(remaining / max(per_step, 1e-9)))
         )
         if self.is_main:
             print(
                 f"cpu budget {self.settings.train.max_cpu_seconds:.0f} CPU-s at {per_step:.2f} CPU-s/step: "
-                f"{fitted} steps (planned {self.total_steps})",
+                f"{fitted} steps (planned {self.total_steps}){note}",
                 flush=True,
             )
         self.total_steps = progress.budget_steps = fitted

@@ -200,3 +200,15 @@ def test_a_resumed_budgeted_run_keeps_its_schedule_and_spends_only_the_rest(
     final = f"step-{result['step']}/draft/model.safetensors"
     ours, theirs = load_file(resumed / "checkpoints" / final), load_file(whole / "checkpoints" / final)
     assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
+    # a checkpoint from before the budget was recorded: the steps already done are charged at the CPU per step the
+    # resumed run measures, so it ends near the whole run's step count, not a fresh budget (about 1.5x) later
+    legacy = tmp_path / "legacy"
+    shutil.copytree(resumed / "checkpoints" / middle.name, legacy / "checkpoints" / middle.name)
+    state_file = legacy / "checkpoints" / middle.name / "trainer_state.json"
+    old_state = {k: v for k, v in state.items() if not k.startswith("budget_")}
+    state_file.write_text(json.dumps(old_state))
+    for name in ("config.yaml", "draft_vocab.safetensors"):
+        if (whole / name).exists():
+            shutil.copy(whole / name, legacy / name)
+    estimated = train(budgeted(legacy), legacy)
+    assert 0.75 * result["step"] <= estimated["step"] <= 1.3 * result["step"]
