@@ -231,14 +231,12 @@ class Trainer:
             [this_attempt / max(progress.step - self._run_start[1], 1)], device=self.device
         )
         per_step = float(self.accelerator.gather(per_step).max())
-        before, note = self._cpu_before, ""
-        if (
-            not before and self._run_start[1]
-        ):  # a checkpoint that recorded no CPU (written before it was recorded)
-            before = self._run_start[1] * per_step  # its steps at today's CPU per step: an estimate, said so
-            note = f", {before:.0f} CPU-s estimated for the {self._run_start[1]} steps before the resume"
-            self._cpu_before = before
-        remaining = max(self.settings.train.max_cpu_seconds - before - this_attempt, 0.0)
+        note, resumed_at = "", self._run_start[1]
+        # a checkpoint that recorded no CPU (written before it was recorded): its steps at today's CPU per step
+        if not self._cpu_before and resumed_at:
+            self._cpu_before = resumed_at * per_step
+            note = f", {self._cpu_before:.0f} CPU-s estimated for the {resumed_at} steps before the resume"
+        remaining = max(self.settings.train.max_cpu_seconds - self._cpu_before - this_attempt, 0.0)
         fitted = max(
             progress.step, min(self.total_steps, progress.step + int(remaining / max(per_step, 1e-9)))
         )
