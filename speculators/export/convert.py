@@ -44,6 +44,7 @@ from speculators.format.config import (
     VerifierRef,
     default_aux_layer_ids,
     rope_settings,
+    verifier_name_or_path,
 )
 from speculators.format.validate import Finding
 from speculators.verifier import resolve_dtype
@@ -361,7 +362,7 @@ def convert_checkpoint(
         layout = detected
     elif layout != detected:
         warn(f"{where}: looks like the {detected} layout, converting as --from {layout} as asked")
-    source_verifier = (source_config.get("speculators_config") or {}).get("verifier", {}).get("name_or_path")
+    source_verifier = verifier_name_or_path(source_config)
     verifier_ref = verifier or (source_verifier if layout == "speculators" else None)
     if not verifier_ref:
         raise ValueError(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from speculators.format.checkpoint import read_config
+from speculators.format.config import verifier_name_or_path
 from speculators.format.validate import errors, validate_checkpoint
 from speculators.local_paths import local_paths_in_files
 
@@ -25,7 +26,7 @@ class PushResult:
 
 def default_commit_message(directory: Path) -> str:
     config = read_config(directory)
-    verifier = config.get("speculators_config", {}).get("verifier", {}).get("name_or_path", "?")
+    verifier = verifier_name_or_path(config) or "?"
     return f"Upload EAGLE-3 draft for {verifier} (speculators format)"
 
 
@@ -53,8 +54,8 @@ def push_checkpoint(
         raise ValueError(
             f"refusing to push {directory}: it is not a valid speculators checkpoint:\n  {lines}"
         )
-    verifier = read_config(directory)["speculators_config"]["verifier"]["name_or_path"]
-    if not allow_local_verifier and (Path(verifier).is_absolute() or Path(verifier).exists()):
+    verifier = verifier_name_or_path(read_config(directory))  # the validator refused a config naming none
+    if verifier and not allow_local_verifier and (Path(verifier).is_absolute() or Path(verifier).exists()):
         raise ValueError(
             f"refusing to push {directory}: verifier.name_or_path is the local path {verifier!r}, which nobody else "
             "can resolve; re-export with --verifier-name <hub id of the verifier> (or pass --allow-local-verifier)"

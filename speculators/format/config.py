@@ -60,6 +60,15 @@ class VerifierRef:
     architectures: list[str]
 
 
+def verifier_name_or_path(config: dict[str, Any]) -> str | None:
+    """``speculators_config.verifier.name_or_path`` of a draft's ``config.json`` dict, or None when it names none
+    (a converted or hand-written config may lack any level of it)."""
+    spec = config.get("speculators_config") if isinstance(config, dict) else None
+    verifier = spec.get("verifier") if isinstance(spec, dict) else None
+    name = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    return str(name) if name else None
+
+
 @dataclass
 class SpeculatorsConfig:
     """The ``speculators_config`` block."""

@@ -19,7 +19,7 @@ import torch
 
 from speculators import families
 from speculators.format.checkpoint import load_tensors, weight_files
-from speculators.format.config import DRAFT_ARCHITECTURE, SUPPORTED_LAYER_TYPES
+from speculators.format.config import DRAFT_ARCHITECTURE, SUPPORTED_LAYER_TYPES, verifier_name_or_path
 
 SERVABLE_MODEL_TYPES = ("eagle3", "peagle", "dflash", "dflash2", "dspark")
 REQUIRED_LAYER_KEYS = (
@@ -297,11 +297,10 @@ def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
 
 # ---- against the verifier ----------------------------------------------------------------------------------
 def _local_verifier_config(config: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        name = config["speculators_config"]["verifier"]["name_or_path"]
-        path = Path(name) / "config.json"
-    except (KeyError, TypeError):
+    name = verifier_name_or_path(config)
+    if name is None:
         return None
+    path = Path(name) / "config.json"
     return json.loads(path.read_text()) if path.is_file() else cached_hub_config(name)
 
 
@@ -515,11 +514,8 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
 
 def _local_verifier_dir(config: dict[str, Any]) -> str | None:
     """``verifier.name_or_path`` when it is a local model directory (its weights can then be compared)."""
-    try:
-        path = Path(config["speculators_config"]["verifier"]["name_or_path"])
-    except (KeyError, TypeError):
-        return None
-    return str(path) if (path / "config.json").is_file() else None
+    name = verifier_name_or_path(config)
+    return name if name and (Path(name) / "config.json").is_file() else None
 
 
 def _vocab_findings(config: dict[str, Any], tensors: dict[str, torch.Tensor], error) -> Iterator[Finding]:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from speculators.format.checkpoint import load_checkpoint, save_checkpoint
+from speculators.format.config import verifier_name_or_path
 
 # The original EAGLE-3 layout names layer 0 `midlayer`; vLLM accepts it as an alias.
 LEGACY_PREFIXES = {"midlayer.": "layers.0."}
@@ -109,7 +110,7 @@ def embedding_of_named_verifier(config: dict[str, Any], directory: str | Path) -
     """The embedding of the verifier a checkpoint's config names, for a checkpoint that stores none."""
     from speculators.verifier import verifier_embedding
 
-    name = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    name = verifier_name_or_path(config)
     if not name:
         raise ValueError(
             f"{Path(directory) / 'config.json'}: the checkpoint stores no embed_tokens.weight and names no verifier "
