@@ -10,7 +10,7 @@ Stages (each a subprocess, skipped when its done-marker exists: bench/acceptance
    (the trainer measures its CPU-seconds per step after a few steps and fits the run and its lr schedule to the
    budget) and enough epochs that the budget, not the data, ends it:
 
-   - ``baseline``: today's defaults (evaluated every few steps: the AL-vs-training-tokens points);
+   - ``baseline``: the recipe with TTT 3 (evaluated every few steps: the AL-vs-training-tokens points);
    - ``muon``: ``optim=muon`` (Muon on the 2-D hidden matrices, AdamW on the rest) vs AdamW;
    - ``vocab_16k`` / ``vocab_32k``: ``model.draft_vocab_size`` 16384 / 32768 vs the recipe's 8192, with the draft's
      own cost per drafting step (one token, one thread) measured after training;
@@ -55,6 +55,9 @@ PY = sys.executable
 RECIPE = "eagle3_smollm2"
 EVAL_K = 3
 BASE_VOCAB = 8192  # the recipe's model.draft_vocab_size (the lanes name theirs relative to it)
+# every lane but ttt_2 trains 3 TTT steps: levers.json made 2 the recipe's default, and a re-run must still compare
+# each lever against the same baseline and 3 against 2
+BASE_TTT = 3
 GOAL_AL = 2.0
 NEVER = 10**9  # an eval/save cadence no run reaches: only the last step evaluates and saves
 
@@ -120,7 +123,7 @@ class Lane:
 def lanes(regenerated_samples: int, equal_cpu_samples: int) -> list[Lane]:
     """Every lane; the data lanes' sample counts come from the data stage (see :func:`equal_cpu_samples`)."""
     return [
-        Lane("baseline", "today's defaults (eagle3_smollm2: AdamW, draft vocab 8192, TTT 3)"),
+        Lane("baseline", "eagle3_smollm2 with AdamW, draft vocab 8192, TTT 3"),
         Lane("muon", "optim=muon: Muon on the 2-D hidden matrices, AdamW on the rest", ["optim=muon"]),
         Lane("vocab_16k", "draft vocabulary 16384", ["model.draft_vocab_size=16384"]),
         Lane("vocab_32k", "draft vocabulary 32768", ["model.draft_vocab_size=32768"]),
@@ -157,6 +160,8 @@ def train_command(lane: Lane, size: Size, data_dir: Path, run_dir: Path, extra: 
     # lanes an evaluation per epoch
     every = size.curve_eval_every if lane.name == "baseline" else NEVER
     curve = [f"train.eval_every={every}", f"train.save_every={NEVER}"]
+    own_ttt = any(o.startswith("train.ttt_steps=") for o in lane.overrides)
+    ttt = [] if own_ttt else [f"train.ttt_steps={BASE_TTT}"]
     return [
         PY,
         "train/run.py",
@@ -169,6 +174,7 @@ def train_command(lane: Lane, size: Size, data_dir: Path, run_dir: Path, extra: 
         f"train.max_cpu_seconds={size.budget_cpu_s}",
         f"train.epochs={size.epochs}",
         f"eval.k={EVAL_K}",
+        *ttt,
         "train.keep_checkpoints=1",
         *size.train,
         *curve,
