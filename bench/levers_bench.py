@@ -26,7 +26,7 @@ processes' CPU during every wave is recorded, and the machine (CPU model, flags)
 never compared unawares. The result lands in bench/results/levers.json (quick: levers_quick.json), written only
 here, atomically, without local paths.
 
-    .venv/bin/python bench/levers_bench.py             # ~40 min on 2 cores
+    .venv/bin/python bench/levers_bench.py             # ~30 min on 2 cores
     .venv/bin/python bench/levers_bench.py --quick     # < 6 min: proves the script end to end
     .venv/bin/python bench/levers_bench.py --override train.dtype=bf16 --root outputs/levers_bf16
 """
