@@ -5,7 +5,7 @@ a time: they measure throughput on a shared CPU) and bench/summary.py condenses 
 headline figures of every result file into SUMMARY.md.
 A benchmark that fails is reported at the end; the others still run.
 
-    python bench/run.py                  # all benchmarks (the acceptance one trains drafts: about an hour on 2 cores)
+    python bench/run.py                  # all benchmarks (the acceptance one trains eight drafts: ~2 h on 2 cores)
     python bench/run.py --only engine    # a subset, by name
 """
 
