@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speculators.format.config import verifier_name_or_path
 from speculators.local_paths import is_local_path, public_name, public_path, scrub
 
 EVAL_WORDS = ("eval", "acceptance", "bench")
@@ -331,9 +330,8 @@ def render_model_card(info: CardInfo) -> str:
     results file) is replaced on the way out: relative to ``info.run_dir`` inside it, else by its name only."""
     config = info.config
     spec = config["speculators_config"]
-    name_or_path = verifier_name_or_path(config) or "the verifier"  # a card describes a validated export
-    local_verifier = is_local_path(name_or_path)
-    verifier = public_name(name_or_path)
+    local_verifier = is_local_path(spec["verifier"]["name_or_path"])
+    verifier = public_name(spec["verifier"]["name_or_path"])
     k = spec["proposal_methods"][0]["speculative_tokens"]
     layer = config["transformer_layer_config"]
     from speculators.format.validate import algorithm_of
