@@ -902,7 +902,7 @@ def recipe_settings(
     a key neither has keeps its default)."""
     from hydra import compose, initialize_config_dir
 
-    from train.data import BatchPlan
+    from data_gen.batch_plan import BatchPlan
 
     with initialize_config_dir(config_dir=str(REPO / "recipes"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"recipe={recipe}", *overrides])

@@ -5,7 +5,7 @@ heartbeats — so producers and trainers can be separate processes or separate n
 Layout (``train.stream.spool_dir``)::
 
     run.json                  the trainer's run: resolved recipe, sample digest, byte budget, cache dir (rank 0)
-    plan.json                 the batch plan (train.data.BatchPlan's inputs, total steps, steps per chunk)
+    plan.json                 the batch plan (data_gen.batch_plan.BatchPlan's inputs, total steps, chunk steps)
     cursors/rank-00000.json   {"chunk": g}: the lowest global chunk rank r still needs (written by that rank)
     ready/<item>/             a finished item: one shard in data_gen.store's verified format + its manifest
     partial/<item>.<producer> an item being written (renamed into ready/ when whole)
@@ -72,10 +72,11 @@ class Item:
 
 
 class ItemPlan:
-    """Which samples each item holds, from ``plan.json`` (the trainer's :class:`train.data.BatchPlan` inputs)."""
+    """Which samples each item holds, from ``plan.json`` (the inputs of the trainer's
+    :class:`data_gen.batch_plan.BatchPlan`)."""
 
     def __init__(self, plan: dict[str, Any]) -> None:
-        from train.data import BatchPlan
+        from data_gen.batch_plan import BatchPlan  # torch: imported when a plan is read, not with the spool
 
         self.raw = plan
         self.batches = BatchPlan(

@@ -14,7 +14,7 @@ What a step holds::
 ``N`` is the number of optimizer steps done. A step directory is written under ``checkpoints/.step-<N>.partial``
 and renamed into place only when complete, so any ``step-<N>`` the trainer wrote is whole; a run killed mid-write
 leaves only a ``.partial`` directory, which the next start deletes. Auto-resume loads the highest complete step and
-continues from exactly there: the data position is the step number (see ``train.data.BatchPlan``), the learning
+continues from exactly there: the data position is the step number (see ``data_gen.batch_plan.BatchPlan``), the learning
 rate a function of the step, and model/optimizer/RNG come from ``state/``. Old step directories beyond
 ``train.keep_checkpoints`` are pruned, never the best one.
 """

@@ -1,10 +1,7 @@
 """Batches for the trainer: a deterministic global-batch plan and packing with document ids.
 
-* :class:`BatchPlan` decides which samples every optimizer step uses from ``(seed, epoch, step)`` alone: the epoch
-  permutation is split into global batches of ``micro_batch_size × grad_accum × world_size`` samples, and micro
-  group ``c`` of a global batch goes to rank ``c % world`` at accumulation index ``c // world``. The data position
-  is therefore just the step number (exact resume), and 1 process with micro batch 4 sees the same global batch as
-  2 processes with micro batch 2.
+* :class:`data_gen.batch_plan.BatchPlan` decides which samples every optimizer step uses from ``(seed, epoch,
+  step)`` alone (the data position is just the step number: exact resume); :class:`MicroBatchStream` follows it.
 * :func:`pack_documents` turns a micro group into one :class:`MicroBatch`: documents (truncated to ``max_length``)
   are packed first-fit into rows of at most ``max_length`` tokens (``packing=true``) or one per row, padded to the
   longest row. ``document_ids`` (−1 on padding) keep attention and targets inside each document; position ids
@@ -26,6 +23,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
+
+from data_gen.batch_plan import BatchPlan
 
 # ---- the micro batch ----------------------------------------------------------------------------------------
 FEATURES = ("aux_hidden", "last_hidden")
@@ -232,49 +231,7 @@ def pack_documents(
     )
 
 
-# ---- the plan -----------------------------------------------------------------------------------------------
-@dataclass
-class BatchPlan:
-    num_samples: int
-    micro_batch_size: int
-    grad_accum: int
-    world_size: int
-    seed: int
-    shuffle: bool = True
-
-    def __post_init__(self) -> None:
-        self._orders: dict[int, torch.Tensor] = {}
-        if self.steps_per_epoch == 0:
-            raise ValueError(
-                f"{self.num_samples} training samples cannot fill one global batch of {self.global_batch} "
-                f"(micro_batch_size {self.micro_batch_size} × grad_accum {self.grad_accum} × "
-                f"{self.world_size} processes); lower train.micro_batch_size / train.grad_accum or add data"
-            )
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch_size * self.grad_accum * self.world_size
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.num_samples // self.global_batch  # the incomplete last global batch is dropped
-
-    def order(self, epoch: int) -> torch.Tensor:
-        if epoch not in self._orders:
-            if self.shuffle:
-                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-                self._orders = {epoch: torch.randperm(self.num_samples, generator=gen)}
-            else:
-                self._orders = {epoch: torch.arange(self.num_samples)}
-        return self._orders[epoch]
-
-    def micro_indices(self, epoch: int, step: int, accum: int, rank: int) -> list[int]:
-        """Sample indices of one micro group (rank ``rank``, accumulation index ``accum``)."""
-        group = accum * self.world_size + rank
-        start = step * self.global_batch + group * self.micro_batch_size
-        return self.order(epoch)[start : start + self.micro_batch_size].tolist()
-
-
+# ---- following the plan (data_gen.batch_plan.BatchPlan) -----------------------------------------------------
 class MicroBatchStream(Dataset):
     """The micro batches one rank consumes for optimizer steps ``[first_step, last_step)``, in order, across
     epochs (``batch_size=None``). One loader for the whole run keeps DataLoader workers (and what they cached,
@@ -352,7 +309,6 @@ def eval_groups(
 
 
 __all__ = [
-    "BatchPlan",
     "MicroBatch",
     "assign_rows",
     "run_loader",

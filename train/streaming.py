@@ -2,9 +2,9 @@
 
 Capture producers (:mod:`data_gen.produce`, started here and/or on other nodes) write the items the trainer needs
 into a bounded spool directory (:mod:`data_gen.spool`); this source reads them in the order of the run's
-:class:`train.data.BatchPlan`, so a streamed epoch trains exactly the samples an offline epoch does, and removes
-each item once its rank has consumed it (cache-first-epoch: moves epoch 0's items to the cache instead, and
-later epochs read the cache like offline shards).
+:class:`data_gen.batch_plan.BatchPlan`, so a streamed epoch trains exactly the samples an offline epoch does, and
+removes each item once its rank has consumed it (cache-first-epoch: moves epoch 0's items to the cache instead,
+and later epochs read the cache like offline shards).
 
 Exact resume: the data position is the optimizer step, as offline. :meth:`StreamFeatures.begin` points this
 rank's cursor at the chunk of the resumed step; items consumed after the last checkpoint were removed from the
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from data_gen.batch_plan import BatchPlan
 from data_gen.spool import (
     HELDOUT,
     TAIL,
@@ -39,7 +40,7 @@ from data_gen.spool import (
     sample_digest,
     wait_for_item,
 )
-from train.data import BatchPlan, MicroBatch
+from train.data import MicroBatch
 from train.features import FeatureSource, RowLayout, TokenDataset, encode_conversations
 from train.settings import TrainSettings
 from train.targets import TargetHead

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from data_gen.batch_plan import BatchPlan
 from speculators import runs
 from speculators.verifier import verifier_config_dict
 from speculators.vocab import build_draft_vocab
@@ -38,7 +39,7 @@ from train.assemble import (
     make_optimizer,
     set_lr,
 )
-from train.data import BatchPlan, row_buckets, run_loader, training_loss_mask
+from train.data import row_buckets, run_loader, training_loss_mask
 from train.evaluation import evaluate
 from train.features import RowLayout, open_features
 from train.logs import RunLogger, console_line, eval_line

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from data_gen.batch_plan import BatchPlan
 from data_gen.store import CorruptShardError, FeatureDataset
 from tests.train.conftest import compose, tiny_overrides
 from train.data import (
-    BatchPlan,
     assign_rows,
     eval_groups,
     noise_seed,

@@ -198,8 +198,8 @@ def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path
     the producers wait on the full spool (back-pressure) and its bytes stay within the budget."""
     from accelerate import Accelerator
 
+    from data_gen.batch_plan import BatchPlan
     from speculators.verifier import verifier_config_dict
-    from train.data import BatchPlan
     from train.features import RowLayout
     from train.settings import TrainSettings
     from train.streaming import StreamFeatures
