@@ -347,6 +347,26 @@ def encode_conversations(
     return encoded, counts
 
 
+def encode_recipe_conversations(
+    data: dict[str, Any], tokenizer: Any, chat: families.ChatFormat
+) -> tuple[list[EncodedSample], list[EncodedSample]]:
+    """The recipe's conversations (its ``data`` group) split and masked as a data_gen run masks them: the train and
+    held-out samples of the trainers and capture producers that encode for themselves (online, streamed).
+
+    ``chat`` is the verifier family's chat format (``families.of_config(config).chat``) and has no default on
+    purpose: without it the masker probes the end of turn itself, which refuses some families' templates (Mistral
+    3) and ends others' turns too early (gpt-oss at ``<|channel|>``), so the loss masks would differ from the
+    offline ones."""
+    settings = DataSettings.from_mapping(dict(data))
+    conversations, _ = load_conversations(settings)
+    train, heldout = split_conversations(conversations, settings.heldout_fraction, settings.seed)
+    masker = ChatMasker(tokenizer, settings.turn_mode, settings.chat_template, chat)
+    return (
+        encode_conversations(masker, train, settings)[0],
+        encode_conversations(masker, heldout, settings)[0],
+    )
+
+
 class ShardWorker:
     """Builds the shards of one rank."""
 
@@ -542,6 +562,7 @@ __all__ = [
     "GenSettings",
     "capture_samples",
     "encode_conversations",
+    "encode_recipe_conversations",
     "format_summary",
     "prepare",
     "run_data_gen",

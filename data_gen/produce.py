@@ -59,9 +59,15 @@ class Producer:
         """Wait for the trainer's run.json, load the verifier side and check the sample list against it."""
         import torch
 
-        from data_gen.pipeline import GenSettings, load_verifier_side, run_identity, shard_header
+        from data_gen.pipeline import (
+            GenSettings,
+            encode_recipe_conversations,
+            load_verifier_side,
+            run_identity,
+            shard_header,
+        )
         from data_gen.sources import DataSettings
-        from train.features import encode_conversations
+        from speculators import families
 
         while (run := self.spool.read_json("run.json")) is None:
             self._check_alive()
@@ -75,7 +81,9 @@ class Producer:
         self.capture = side.capture
         tokenizer = side.tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else side.masker.eot_id
-        train, heldout = encode_conversations(config["data"], tokenizer)
+        # the verifier's family: its chat format is the one side.masker (data_gen's) was built with
+        family = families.of_config(side.hf_config)
+        train, heldout = encode_recipe_conversations(config["data"], tokenizer, family.chat)
         self.train, self.heldout = train[: run["num_samples"]], heldout[: run["heldout_count"]]
         if sample_digest(self.train) != run["train_digest"]:
             raise RuntimeError(
@@ -88,7 +96,8 @@ class Producer:
         self.header = header
         self.layout = {
             "num_aux": len(side.aux_layer_ids),
-            "hidden_size": int(side.hf_config.hidden_size),
+            # a wrapper (Mistral 3, Gemma 4) holds it in its text_config: the flat view, as the trainer reads it
+            "hidden_size": int(family.flat_config(side.hf_config.to_dict())["hidden_size"]),
             "storage_dtype": gen.storage_dtype,
         }
 

@@ -205,6 +205,7 @@ class OnlineFeatures(FeatureSource):
         self, settings: TrainSettings, accelerator, layout: RowLayout, verifier_config: dict[str, Any]
     ) -> None:
         from data_gen.capture import FeatureCapture
+        from data_gen.pipeline import encode_recipe_conversations
         from speculators.verifier import load_verifier
         from train.assemble import outside_zero3_init
 
@@ -216,7 +217,7 @@ class OnlineFeatures(FeatureSource):
         self.capture = FeatureCapture(self.verifier, wanted, out_dtype=None)
         self.aux_layer_ids = self.capture.aux_layer_ids
         chat = families.of_model(self.verifier).chat
-        train_samples, heldout_samples = encode_conversations(settings.data, tokenizer, chat)
+        train_samples, heldout_samples = encode_recipe_conversations(settings.data, tokenizer, chat)
         self.train_set = TokenDataset(train_samples)
         self.heldout_set = TokenDataset(heldout_samples) if heldout_samples else None
         self.counts = self.train_set.token_counts(int(verifier_config["vocab_size"]))
@@ -295,21 +296,6 @@ class TokenDataset(Dataset):
         return counts
 
 
-def encode_conversations(
-    data: dict[str, Any], tokenizer: Any, chat: families.ChatFormat | None = None
-) -> tuple[list[Any], list[Any]]:
-    """Online mode: the recipe's conversations (its ``data`` group), split and masked exactly as data_gen does."""
-    from data_gen.masks import ChatMasker
-    from data_gen.pipeline import encode_conversations as encode
-    from data_gen.sources import DataSettings, load_conversations, split_conversations
-
-    settings = DataSettings.from_mapping(dict(data))
-    conversations, _ = load_conversations(settings)
-    train, heldout = split_conversations(conversations, settings.heldout_fraction, settings.seed)
-    masker = ChatMasker(tokenizer, settings.turn_mode, settings.chat_template, chat)
-    return encode(masker, train, settings)[0], encode(masker, heldout, settings)[0]
-
-
 def identity_collate(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Online collate: the token-only samples as they are (the verifier packs them on the device)."""
     return samples
@@ -321,7 +307,6 @@ __all__ = [
     "OnlineFeatures",
     "RowLayout",
     "TokenDataset",
-    "encode_conversations",
     "identity_collate",
     "open_features",
 ]

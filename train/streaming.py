@@ -41,7 +41,7 @@ from data_gen.spool import (
     wait_for_item,
 )
 from train.data import MicroBatch
-from train.features import FeatureSource, RowLayout, TokenDataset, encode_conversations
+from train.features import FeatureSource, RowLayout, TokenDataset
 from train.settings import TrainSettings
 from train.targets import TargetHead
 
@@ -174,6 +174,8 @@ class StreamFeatures(FeatureSource):
         from transformers import AutoTokenizer
 
         from data_gen.capture import resolve_aux_layer_ids
+        from data_gen.pipeline import encode_recipe_conversations
+        from speculators import families
         from speculators.verifier import resolve_verifier_path
         from speculators.vocab import tokenizer_fingerprint
 
@@ -190,7 +192,8 @@ class StreamFeatures(FeatureSource):
         self.cache_dir = Path(stream.cache_dir or run_dir / "stream_cache").absolute()
         self.timeout_s = stream.producer_timeout_s
         tokenizer = AutoTokenizer.from_pretrained(resolve_verifier_path(settings.verifier.name_or_path))
-        train, heldout = encode_conversations(settings.data, tokenizer)
+        chat = families.of_config(verifier_config).chat  # as data_gen masks for this verifier
+        train, heldout = encode_recipe_conversations(settings.data, tokenizer, chat)
         self.counts = TokenDataset(train).token_counts(int(verifier_config["vocab_size"]))
         train = train[: settings.train.max_samples] if settings.train.max_samples else train
         limit = settings.eval.max_samples
