@@ -62,6 +62,17 @@ class Algorithm:
     # 0.9.0 rebuilds it on load for DFlash/DSpark and saves none; vLLM shares the target's). False keeps the format
     # rule "always write it": older speculators releases loaded an absent EAGLE-3 embedding as uninitialised memory
     embed_from_verifier: bool = False
+    # ``architectures`` strings other producers write for this type besides ours (``config_class.ARCHITECTURE``, also
+    # the speculators package's config default): the model class speculators 0.9.0's ``save_pretrained`` writes
+    # (``PEagleDraftModel``). Both consumers pick the model by ``speculators_model_type``, so each is legal; the
+    # validator warns only on a string no producer writes (see ``architectures``)
+    other_architectures: tuple[str, ...] = ()
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        """Every ``architectures`` string accepted for this type: ours (what the exporter writes) first."""
+        ours = self.config_class.ARCHITECTURE
+        return (ours, *(a for a in self.other_architectures if a != ours))
 
     def aux_layer_ids(self, config: Any) -> list[int]:
         """The aux-layer ids of a config object or dict."""

@@ -188,6 +188,7 @@ DFLASH = register(
         name="dflash",
         display_name="DFlash",
         config_class=DFlashConfig,
+        other_architectures=("DFlashDraftModel",),  # what speculators 0.9.0's save_pretrained writes
         model_class=DFlashDraftModel,
         drafting="block",
         aux_layer_key="aux_hidden_state_layer_ids",

@@ -44,6 +44,9 @@ DSPARK = register(
         name="dspark",
         display_name="DSpark",
         config_class=DSparkConfig,
+        # speculators 0.9.0's save_pretrained writes the model class; vLLM 0.32 serves a DSpark checkpoint as
+        # Qwen3DSparkModel, the name it also keeps when the file says so
+        other_architectures=("DSparkDraftModel", "Qwen3DSparkModel"),
         model_class=DSparkDraftModel,
         drafting="block",
         aux_layer_key="aux_hidden_state_layer_ids",

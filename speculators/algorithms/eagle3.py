@@ -62,6 +62,7 @@ EAGLE3 = register(
         name="eagle3",
         display_name="EAGLE-3",
         config_class=Eagle3Config,
+        other_architectures=("Eagle3DraftModel",),  # what speculators 0.9.0's save_pretrained writes
         model_class=Eagle3DraftModel,
         drafting="sequential",
         aux_layer_key="eagle_aux_hidden_state_layer_ids",

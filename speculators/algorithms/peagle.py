@@ -82,6 +82,7 @@ PEAGLE = register(
         display_name="P-EAGLE",
         config_warnings=config_warnings,
         config_class=PEagleConfig,
+        other_architectures=("PEagleDraftModel",),  # what speculators 0.9.0's save_pretrained writes
         model_class=PEagleDraftModel,
         drafting="parallel",
         aux_layer_key="eagle_aux_hidden_state_layer_ids",

@@ -19,9 +19,11 @@ import torch
 
 from speculators import families
 from speculators.format.checkpoint import load_tensors, weight_files
-from speculators.format.config import DRAFT_ARCHITECTURE, SUPPORTED_LAYER_TYPES, verifier_name_or_path
+from speculators.format.config import SUPPORTED_LAYER_TYPES, verifier_name_or_path
 
-SERVABLE_MODEL_TYPES = ("eagle3", "peagle", "dflash", "dflash2", "dspark")
+# types vLLM serves that no unit of this project declares (vLLM 0.32 maps dflash2 to its dflash method): their shared
+# keys are checked, their own keys and tensors are not (a warning says so)
+UNDECLARED_SERVABLE_TYPES = ("dflash2",)
 REQUIRED_LAYER_KEYS = (
     "vocab_size",
     "hidden_size",
@@ -118,14 +120,12 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
     model_type = config.get("speculators_model_type")
     if model_type is None:
         yield error('speculators_model_type is missing; set it to "eagle3"')
-    elif model_type not in SERVABLE_MODEL_TYPES:
+    elif model_type not in servable_model_types():
         yield error(
-            f"speculators_model_type {model_type!r} is not servable by vLLM (one of {SERVABLE_MODEL_TYPES}); "
+            f"speculators_model_type {model_type!r} is not servable by vLLM (one of {servable_model_types()}); "
             "an EAGLE-1/HASS-style draft must be converted to the eagle3 architecture"
         )
-    architecture = _architecture(model_type)
-    if architecture not in (config.get("architectures") or []):
-        yield warning(f'architectures should be ["{architecture}"]')
+    yield from _architecture_findings(config, warning)
     yield from _speculators_config_findings(config.get("speculators_config"), error)
 
     layer = config.get("transformer_layer_config")
@@ -228,16 +228,34 @@ def algorithm_of(config: dict[str, Any]) -> Any:
         return None
 
 
-def _architecture(model_type: Any) -> str:
-    unit = algorithm_of({"speculators_model_type": model_type}) if isinstance(model_type, str) else None
-    return unit.config_class.ARCHITECTURE if unit is not None else DRAFT_ARCHITECTURE
+def servable_model_types() -> tuple[str, ...]:
+    """The ``speculators_model_type`` values vLLM serves: every declared unit's, and the undeclared ones above."""
+    from speculators import algorithms
+
+    return (*algorithms.names(), *(t for t in UNDECLARED_SERVABLE_TYPES if t not in algorithms.names()))
+
+
+def _architecture_findings(config: dict[str, Any], warning) -> Iterator[Finding]:
+    """A warning when ``architectures`` holds none of the strings the type's unit accepts (ours and the speculators
+    package's: both consumers load by ``speculators_model_type``, so this is a surprise, not an error). A type
+    without a unit has no known strings: nothing is said (``_type_findings`` warns it went unchecked)."""
+    unit = algorithm_of(config)
+    if unit is None:
+        return
+    written = config.get("architectures") or []
+    if not isinstance(written, list) or not any(a in unit.architectures for a in written):
+        accepted = " or ".join(f'["{a}"]' for a in unit.architectures)
+        yield warning(
+            f"architectures is {written!r}, expected {accepted} for speculators_model_type {unit.name!r}; "
+            "consumers load by speculators_model_type, but other tools read this key: write one of these"
+        )
 
 
 def _type_findings(config: dict[str, Any], error, warning) -> Iterator[Finding]:
     """The rules of the type's own keys, from its unit: each algorithm declares them, none is special-cased here."""
     unit = algorithm_of(config)
     if unit is None:
-        if config.get("speculators_model_type") in SERVABLE_MODEL_TYPES:
+        if config.get("speculators_model_type") in servable_model_types():
             yield warning(
                 f"speculators_model_type {config['speculators_model_type']!r} has no declared unit in this project: "
                 "only the keys every type shares were checked (not its own keys or tensor shapes)"
