@@ -442,7 +442,6 @@ def write_converted(
     if model_card:
         extra["README.md"] = render_model_card(
             CardInfo(
-                title=Path(out_dir).name,
                 config=config_dict,
                 verifier_ref=str(verifier_ref),
                 source=f"converted from the {layout} layout (`{src}`)",

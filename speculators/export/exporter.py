@@ -123,7 +123,6 @@ def export_checkpoint(
         if eval_results is not None:
             add_eval_results(evals, eval_results)
         card = CardInfo(
-            title=Path(out_dir).name,
             config=config_dict,
             verifier_ref=str(verifier_ref),
             source=describe_source(checkpoint),

@@ -41,7 +41,9 @@ class EvalArtifacts:
 
 @dataclass
 class CardInfo:
-    title: str
+    """What a card shows. Its title is not given: it is said from the config (``card_title``), since the export
+    directory's name (typically ``export``) tells a stranger nothing."""
+
     config: dict[str, Any]
     verifier_ref: str  # what the user named (e.g. "smollm2"); config holds the resolved name_or_path
     source: str  # one line: where the weights came from
@@ -337,15 +339,15 @@ def render_model_card(info: CardInfo) -> str:
     from speculators.format.validate import algorithm_of
 
     unit = algorithm_of(config)
-    kind = (unit.display_name or unit.name) if unit is not None else str(config.get("speculators_model_type"))
+    kind = algorithm_display_name(config)
     method = unit.vllm_method if unit is not None else "eagle3"
     aux_key = unit.aux_layer_key if unit is not None else "eagle_aux_hidden_state_layer_ids"
     own_keys = ("norm_before_residual", "block_size", "mask_token_id", "sliding_window_non_causal")
     parts = [
-        f"# {info.title}",
+        f"# {card_title(info)}",
         "",
         f"{'An' if kind[:1] in 'AEIOU' else 'A'} {kind} speculative-decoding draft for "
-        f"`{public_name(info.verifier_ref) if local_verifier else verifier}`, in the standard `speculators` checkpoint "
+        f"`{shown_verifier(info)}`, in the standard `speculators` checkpoint "
         "format: vLLM serves it as it is. The draft proposes tokens; the verifier checks them, so the output is "
         "exactly the verifier's.",
         *(
@@ -388,6 +390,25 @@ def render_model_card(info: CardInfo) -> str:
     if info.evals.tables or info.evals.plots:
         parts += ["", evaluation_section(info.evals)]
     return scrub("\n".join(parts).rstrip() + "\n", info.run_dir)
+
+
+def algorithm_display_name(config: dict[str, Any]) -> str:
+    """How people name the config's algorithm (``P-EAGLE``): its unit's display name, else the type as written."""
+    from speculators.format.validate import algorithm_of
+
+    unit = algorithm_of(config)
+    return (unit.display_name or unit.name) if unit is not None else str(config.get("speculators_model_type"))
+
+
+def shown_verifier(info: CardInfo) -> str:
+    """The verifier as a stranger can look it up: the hub id, or for a local directory the name the user gave."""
+    name_or_path = info.config["speculators_config"]["verifier"]["name_or_path"]
+    return public_name(info.verifier_ref) if is_local_path(name_or_path) else public_name(name_or_path)
+
+
+def card_title(info: CardInfo) -> str:
+    """What the draft is, from its validated config: ``P-EAGLE draft for Qwen/Qwen3-8B``."""
+    return f"{algorithm_display_name(info.config)} draft for {shown_verifier(info)}"
 
 
 def serving_section(verifier: str, k: int, local_verifier: bool = False, method: str = "eagle3") -> str:

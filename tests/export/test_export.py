@@ -87,6 +87,13 @@ def test_model_card_describes_run_evaluation_and_serving(run_dir, verifier_dir, 
     assert "```yaml" in card and "recipe_name: eagle3_test" in card
 
 
+def test_model_card_title_says_what_the_draft_is_not_the_folder_name(run_dir, verifier_dir, tmp_path):
+    out = tmp_path / "export"  # what `make demo` and most users call it
+    export_checkpoint(run_dir, out)
+    title = (out / "README.md").read_text().splitlines()[0]
+    assert title == f"# EAGLE-3 draft for {verifier_dir.name}"
+
+
 def test_card_shows_what_speculators_eval_measured(tmp_path, verifier_dir, drafts):
     """The card of a re-export (export, `speculators eval` it, export again with --eval-results, as `make demo`
     does) carries the real eval output: acceptance lengths, per-position rates and speed-ups of every run."""
