@@ -52,6 +52,7 @@ from data_gen.store import (
 )
 from speculators import families
 from speculators.atomic import atomic_write_json, atomic_write_text
+from speculators.head_check import PROBE_NAME, HeadProbe, record_head_probe
 from speculators.precision import Precision, choose
 from speculators.verifier import load_verifier, resolve_verifier_path
 from speculators.vocab import tokenizer_fingerprint
@@ -128,6 +129,7 @@ class Prepared:
     header: dict[str, Any]
     tokenizer: Any
     regenerator: Regenerator | None
+    head_probe: HeadProbe | None = None  # rank 0: the verifier's own logits, for the trainer's head check
 
 
 def _sha256_text(text: str) -> str:
@@ -160,6 +162,9 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
     identity = run_identity(side, data, gen)
     regenerator = build_regenerator(gen.regenerate, data, side.masker, side.model, side.tokenizer, side.path)
     check_or_write_identity(gen.output_dir, identity, write=False)
+    serving = families.vllm_serving_note(side.hf_config)
+    if serving and dist.is_main:
+        log.warning(serving)
     return Prepared(
         data=data,
         gen=gen,
@@ -172,6 +177,20 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
         header=shard_header(side, str(verifier["name_or_path"]), identity, data, report.to_json()),
         tokenizer=side.tokenizer,
         regenerator=regenerator,
+        head_probe=first_head_probe(side, train, data) if dist.is_main else None,
+    )
+
+
+def first_head_probe(side: VerifierSide, conversations: list[Conversation], data: DataSettings) -> HeadProbe:
+    """The verifier's own log-probabilities on the first training conversation that encodes
+    (speculators.head_check): written beside the features, where the trainer checks its head against them."""
+    for conversation in conversations:
+        encoded, _ = encode_conversations(side.masker, [conversation], data)
+        if encoded:
+            return record_head_probe(side.model, encoded[0].input_ids)
+    raise ValueError(
+        f"no training conversation of {data.source} encodes within data.max_length={data.max_length}; "
+        "nothing to train on"
     )
 
 
@@ -439,6 +458,8 @@ def run_data_gen(
         )
         atomic_write_text(out / HELDOUT_CONVERSATIONS_NAME, heldout_lines)
         atomic_write_json(out / "recipe.json", config)
+        if prepared.head_probe is not None:
+            prepared.head_probe.save(out / PROBE_NAME)
     dist.barrier()
 
     size = prepared.gen.shard_size

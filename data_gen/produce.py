@@ -68,6 +68,7 @@ class Producer:
         )
         from data_gen.sources import DataSettings
         from speculators import families
+        from speculators.head_check import PROBE_NAME, record_head_probe
 
         while (run := self.spool.read_json("run.json")) is None:
             self._check_alive()
@@ -90,6 +91,9 @@ class Producer:
                 f"{self.spool.root / 'run.json'}: this producer encodes other training samples than the trainer "
                 "(the sample digest differs): run it with the same code, data source and tokenizer as the trainer"
             )
+        probe = self.spool.root / PROBE_NAME  # the trainer checks its head against it before its first step
+        if self.train and not probe.is_file():
+            record_head_probe(side.model, self.train[0].input_ids).save(probe)
         header = shard_header(
             side, str(config["verifier"]["name_or_path"]), run_identity(side, data, gen), data, {}
         )

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from speculators import families
+from speculators.head_check import PROBE_NAME, HeadProbe, record_head_probe
 from train.data import MicroBatch, eval_groups, pack_documents, truncated_document
 from train.settings import LoopSettings, TrainSettings
 from train.targets import TargetHead
@@ -90,6 +91,11 @@ class FeatureSource:
 
     def target_head(self, target_ids: torch.Tensor) -> TargetHead:
         raise NotImplementedError
+
+    def head_probe(self) -> tuple[HeadProbe | None, str]:
+        """The verifier's own logits on a few real positions (speculators.head_check) and where they come from;
+        ``(None, why)`` when this source has none."""
+        return None, f"{type(self).__name__} records no head probe"
 
     def close(self) -> None:
         """Drop what holds device memory (the online verifier)."""
@@ -197,6 +203,16 @@ class OfflineFeatures(FeatureSource):
             self.settings.verifier.name_or_path, self.verifier_config, target_ids
         )
 
+    def head_probe(self) -> tuple[HeadProbe | None, str]:
+        path = Path(self.settings.train.data_dir) / PROBE_NAME
+        probe = HeadProbe.load(path)
+        if probe is None:
+            return (
+                None,
+                f"{path} is missing (data generated before head probes): rerun data_gen to check the head",
+            )
+        return probe, str(path)
+
 
 class OnlineFeatures(FeatureSource):
     """Verifier in the loop: it captures the features of every token-only micro group, which are then packed."""
@@ -249,6 +265,10 @@ class OnlineFeatures(FeatureSource):
 
     def target_head(self, target_ids: torch.Tensor) -> TargetHead:
         return TargetHead.from_model(self.verifier, target_ids)
+
+    def head_probe(self) -> tuple[HeadProbe | None, str]:
+        ids = self.train_set[0]["input_ids"]
+        return record_head_probe(self.verifier, ids), "the online verifier's forward on the first sample"
 
     def close(self) -> None:
         self.__dict__.pop("capture", None)

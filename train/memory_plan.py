@@ -382,7 +382,9 @@ def meta_head(verifier_config: dict[str, Any], draft_vocab: int, dtype: torch.dt
 
     hidden, vocab = int(verifier_config["hidden_size"]), int(verifier_config["vocab_size"])
     with torch.device("meta"):
-        head = TargetHead(torch.empty(hidden), torch.empty(vocab, hidden), 1e-6, torch.arange(draft_vocab))
+        head = TargetHead.with_rms_norm(
+            torch.empty(hidden), torch.empty(vocab, hidden), 1e-6, torch.arange(draft_vocab)
+        )
     return head.to(dtype)
 
 

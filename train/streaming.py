@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from data_gen.spool import (
     sample_digest,
     wait_for_item,
 )
+from speculators.head_check import PROBE_NAME, HeadProbe
 from train.data import MicroBatch
 from train.features import FeatureSource, RowLayout, TokenDataset
 from train.settings import TrainSettings
@@ -337,6 +339,18 @@ class StreamFeatures(FeatureSource):
         return TargetHead.from_verifier_files(
             self.settings.verifier.name_or_path, self.verifier_config, target_ids
         )
+
+    def head_probe(self) -> tuple[HeadProbe | None, str]:
+        """The probe the first producer records in the spool from its verifier (data_gen.produce); waited for as
+        long as a producer is alive, as items are."""
+        path = self.spool.root / PROBE_NAME
+        started = time.monotonic()
+        while not path.is_file():
+            waited = time.monotonic() - started
+            if waited > self.timeout_s and not self.spool.live_producers(self.timeout_s):
+                return None, f"no capture producer recorded {path} within {self.timeout_s:.0f} s"
+            time.sleep(0.2)
+        return HeadProbe.load(path), str(path)
 
     def close(self) -> None:
         if self.rank == 0 and self.spool.root.is_dir():

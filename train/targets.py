@@ -13,6 +13,7 @@ The targets a step needs are
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -22,17 +23,26 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from speculators import families
-from speculators.verifier import LM_HEAD_NAMES, VERIFIER_EMBEDDING_NAMES, read_verifier_tensors
+from speculators.head_check import HeadAgreement, HeadProbe, check_head
+from speculators.verifier import (
+    LM_HEAD_NAMES,
+    VERIFIER_EMBEDDING_NAMES,
+    read_verifier_tensors,
+    resolve_verifier_path,
+)
 
 
 class TargetHead(nn.Module):
-    """Frozen verifier final norm + lm_head, mapped onto the draft vocabulary (``target_ids`` = verifier ids)."""
+    """Frozen verifier final norm + lm_head, mapped onto the draft vocabulary (``target_ids`` = verifier ids).
+
+    The norm is the verifier's OWN module (its transformers class: Gemma 1-3 multiply by ``1 + w``, others by
+    ``w``), never a re-implementation chosen by a family declaration, and :meth:`check` compares the whole head with
+    the verifier's recorded logits before training starts (:mod:`speculators.head_check`)."""
 
     def __init__(
         self,
-        norm_weight: torch.Tensor,
+        norm: nn.Module,
         lm_head_weight: torch.Tensor,
-        eps: float,
         target_ids: torch.Tensor,
         logits_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
@@ -40,8 +50,7 @@ class TargetHead(nn.Module):
         # the family's head transform (Granite's 1/logits_scaling, Gemma's soft cap): monotonic, so the argmax
         # is the raw product's, but the soft targets must be the verifier's own distribution
         self.logits_of = logits_of
-        self.norm = LlamaRMSNorm(norm_weight.shape[0], eps=eps)
-        self.norm.weight.data.copy_(norm_weight)
+        self.norm = norm
         self.register_buffer("weight", lm_head_weight.detach().clone(), persistent=False)
         self.register_buffer("target_ids", target_ids.to(torch.long), persistent=False)
         self.register_buffer("draft_weight", self.weight[self.target_ids].clone(), persistent=False)
@@ -52,10 +61,20 @@ class TargetHead(nn.Module):
         self.full_vocab = len(self.target_ids) == lm_head_weight.shape[0]
 
     @classmethod
+    def with_rms_norm(
+        cls, norm_weight: torch.Tensor, lm_head_weight: torch.Tensor, eps: float, target_ids: torch.Tensor
+    ) -> TargetHead:
+        """A plain ``x·w`` RMSNorm head: for synthetic heads with no verifier behind them (memory plans, tests)."""
+        norm = LlamaRMSNorm(norm_weight.shape[0], eps=eps).to(norm_weight.device)
+        norm.weight.data.copy_(norm_weight)
+        return cls(norm, lm_head_weight, target_ids)
+
+    @classmethod
     def from_verifier_files(
         cls, name_or_path: str, verifier_config: dict[str, Any], target_ids: torch.Tensor
     ) -> TargetHead:
-        """Load just the final norm and lm_head (or the tied embedding) of a verifier."""
+        """Load just the final norm and lm_head (or the tied embedding) of a verifier; the norm's module is the
+        verifier's own class (:func:`verifier_norm_module`)."""
         family = families.of_config(verifier_config)
         text = family.text_config(verifier_config)
         norm_names = family.tensor_names("norm.weight")
@@ -69,19 +88,27 @@ class TargetHead(nn.Module):
                 f"{name_or_path}: could not find {norm_names[0]} and {LM_HEAD_NAMES[0]} (or a tied "
                 f"{VERIFIER_EMBEDDING_NAMES[0]}) in its weight files; is it a {family.display_name} causal LM?"
             )
-        eps = float(text.get("rms_norm_eps", 1e-6))
-        norm = tensors["norm"].float() + family.norm_offset
-        return cls(norm, lm_head.float(), eps, target_ids, _head_transform(family, verifier_config))
+        norm = verifier_norm_module(name_or_path, tensors["norm"])
+        return cls(norm, lm_head.float(), target_ids, _head_transform(family, verifier_config))
 
     @classmethod
     def from_model(cls, model: nn.Module, target_ids: torch.Tensor) -> TargetHead:
-        """The head of a loaded verifier (online training)."""
+        """The head of a loaded verifier (online training): a float32 copy of its own final norm module."""
         family = families.of_model(model)
-        norm = family.final_norm(model)
-        eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-        weight = norm.weight.detach().float() + family.norm_offset
+        norm = copy.deepcopy(family.final_norm(model)).float().requires_grad_(False)
         transform = _head_transform(family, model.config.to_dict())
-        return cls(weight, model.lm_head.weight.detach().float(), eps, target_ids, transform)
+        return cls(norm, model.lm_head.weight.detach().float(), target_ids, transform)
+
+    @torch.no_grad()
+    def full_logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """Verifier logits over its WHOLE vocabulary, float32 ``[..., V]`` (a few positions: the head check)."""
+        logits = (self.normed(last_hidden.to(self.weight.device)) @ self.weight.T).float()
+        return logits if self.logits_of is None else self.logits_of(logits)
+
+    def check(self, probe: HeadProbe, verifier: str, where: str) -> HeadAgreement:
+        """Stop (:class:`speculators.head_check.HeadMismatchError`, one line) unless this head reproduces the
+        verifier's own log-probabilities recorded in ``probe``."""
+        return check_head(self.full_logits, probe, verifier, where)
 
     def normed(self, last_hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(last_hidden.to(self.norm.weight.dtype))
@@ -104,6 +131,37 @@ class TargetHead(nn.Module):
             else (torch.zeros(0, dtype=torch.long, device=flat.device))
         )
         return out.view(normed.shape[:-1])
+
+
+def verifier_norm_module(name_or_path: str, weight: torch.Tensor) -> nn.Module:
+    """A float32 copy of the verifier's own final-norm module holding ``weight``: its transformers class is built
+    from the verifier's config on the meta device (no memory, no weights read) and the norm alone is materialised.
+    Whatever the family, the norm computes what the verifier computes (Gemma 1-3's ``1 + w`` included); a model
+    transformers cannot build, or a norm holding more than its weight, is refused rather than guessed."""
+    import transformers
+    from transformers import AutoConfig
+
+    path = resolve_verifier_path(name_or_path)
+    config = AutoConfig.from_pretrained(path)
+    family = families.of_config(config)
+    try:
+        with torch.device("meta"):
+            model = getattr(transformers, family.auto_class).from_config(config)
+        norm = family.final_norm(model)
+    except (TypeError, ValueError, KeyError, AttributeError) as error:
+        raise ValueError(
+            f"{path}: cannot build the final norm of its {config.model_type!r} model with transformers "
+            f"({error}); declare its family in speculators/families/ (docs/families.md)"
+        ) from error
+    held = sorted(norm.state_dict())
+    if held != ["weight"]:
+        raise ValueError(
+            f"{path}: the final norm ({type(norm).__name__}) holds {held}, not just a weight; declare how its "
+            "head is computed in a family module in speculators/families/ (docs/families.md)"
+        )
+    norm = norm.to_empty(device="cpu").float()
+    norm.load_state_dict({"weight": weight.float()})
+    return norm.requires_grad_(False)
 
 
 def _head_transform(
@@ -149,6 +207,7 @@ def needed_positions(loss_mask: torch.Tensor) -> torch.Tensor:
 
 __all__ = [
     "TargetHead",
+    "verifier_norm_module",
     "needed_positions",
     "target_draft_ids",
     "target_logits",

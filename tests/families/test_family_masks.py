@@ -20,6 +20,7 @@ WRAP = {
     "qwen3": ("<think>\n\n</think>\n\n", "<|im_end|>"),  # the last answer carries its (empty) think block
     "qwen3_moe": ("<think>\n\n</think>\n\n", "<|im_end|>"),
     "gpt_oss": ("<|channel|>final<|message|>", "<|return|>"),  # the model writes the harmony channel header
+    "gemma3_text": ("", "<end_of_turn>"),
     "gemma4": ("", "<turn|>"),
     "mistral3": ("", "</s>"),
     "granite": ("", "<|end_of_text|>"),

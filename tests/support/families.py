@@ -3,7 +3,7 @@
 No family here ships a tokenizer in a package we can install (the hub is unreachable), so each gets a small
 byte-level BPE tokenizer trained on the test conversations, carrying the family's real special tokens, and a chat
 template written from the family's documented chat format (Llama 3's header tokens, ChatML with Qwen3's
-``<think>`` history rule, OpenAI's harmony, Gemma 4's ``<|turn>``, Mistral's tekken ``[INST]``, Granite's roles).
+``<think>`` history rule, OpenAI's harmony, Gemma 3's ``<start_of_turn>``, Gemma 4's ``<|turn>``, Mistral's tekken ``[INST]``, Granite's roles).
 The model is built from the family's shipped ``config.json`` (``recipes/verifiers``), shrunk: the same model_type,
 wrapper (``text_config``), layer-type pattern, MoE and multipliers, at hidden size 64 with 8 layers.
 """
@@ -80,6 +80,17 @@ GEMMA4 = (
     "{%- for m in messages %}{%- set role = 'model' if m.role == 'assistant' else m.role %}"
     "{{- '<|turn>' + role + '\\n' + m.content + '<turn|>\\n' }}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|turn>model\\n' }}{%- endif %}"
+)
+# Gemma 3: no system role, the system message opens the first user turn
+GEMMA3 = (
+    "{{- bos_token }}"
+    "{%- if messages[0].role == 'system' %}{%- set first = messages[0].content + '\\n\\n' %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set first = '' %}{%- set loop_messages = messages %}"
+    "{%- endif %}"
+    "{%- for m in loop_messages %}{%- set role = 'model' if m.role == 'assistant' else m.role %}"
+    "{{- '<start_of_turn>' + role + '\\n' + (first if loop.first else '') + m.content + '<end_of_turn>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
 )
 MISTRAL_V7 = (
     "{{- bos_token }}"
@@ -190,6 +201,14 @@ TINY_FAMILIES: dict[str, TinyFamily] = {
             ("per_layer_config", None),
         ),
     ),
+    "gemma3_text": TinyFamily(
+        "gemma3_text",
+        GEMMA3,
+        ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
+        bos="<bos>",
+        eos="<end_of_turn>",
+        shrink=(("sliding_window", 512),),
+    ),
     "mistral3": TinyFamily(
         "mistral3",
         MISTRAL_V7,
@@ -250,7 +269,8 @@ def tiny_config_dict(model_type: str, vocab_size: int, init_std: float = 0.02) -
     """The family's shipped config.json with its text model shrunk (same keys, wrapper and layer pattern)."""
     family = families.get(model_type)
     config = shipped_config(family)
-    text = config[family.text_config_key] if family.text_config_key else config
+    wrapped = bool(family.text_config_key) and isinstance(config.get(family.text_config_key), dict)
+    text = config[family.text_config_key] if wrapped else config
     pattern = text.get("layer_types")
     text.update(COMMON_SHRINK, vocab_size=vocab_size, initializer_range=init_std)
     for key, value in TINY_FAMILIES[model_type].shrink:
@@ -267,7 +287,7 @@ def tiny_config_dict(model_type: str, vocab_size: int, init_std: float = 0.02) -
                 holder[key] = vocab_size - 1
             elif isinstance(holder.get(key), list):
                 holder[key] = [i if i < vocab_size else vocab_size - 1 for i in holder[key]]
-    if family.text_config_key:  # the vision tower: as small as its config allows
+    if wrapped:  # the vision tower: as small as its config allows
         config["initializer_range"] = init_std
         vision = config.get("vision_config") or {}
         vision.update(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1)

@@ -51,7 +51,7 @@ def setting(tiny_llama_dir):
     torch.manual_seed(0)
     model = ParallelDraft(PEagleDraftModel(config), DEPTHS, attention_backend="chunked", chunk_size=8)
     hidden = config.hidden_size
-    head = TargetHead(
+    head = TargetHead.with_rms_norm(
         torch.ones(hidden), torch.randn(VOCAB, hidden, generator=generator), 1e-6, torch.arange(VOCAB)
     )
     documents = torch.tensor([[0] * 20 + [1] * 28, [2] * 40 + [-1] * 8])
