@@ -35,6 +35,33 @@ from speculators.models.draft import DraftModel
 from speculators.verifier import capture_aux_states, check_aux_layer_ids, decoder_layers
 
 
+@dataclass(frozen=True)
+class CacheColumns:
+    """An upper bound on the verifier cache's columns and the terms it is made of: the (left-padded) prompt, then
+    for each of ``max_new_tokens + 1`` verify steps at most, ``per_step`` columns (the verified tokens, rejected
+    ones included: they stay in the cache, masked). Kept apart so that a refusal can show the sum it exceeded."""
+
+    prompt: int
+    max_new_tokens: int
+    per_step: int
+    per_step_term: str  # how the per-step columns are named in a message: "(k + 1)", "(tree budget + 1)", "1"
+    per_step_value: str  # the same with the numbers: "(3 + 1)"
+
+    @property
+    def total(self) -> int:
+        return self.prompt + (self.max_new_tokens + 1) * self.per_step
+
+    def explain(self) -> str:
+        """``prompt + (max_new_tokens + 1)·(k + 1)`` and the same with this run's numbers and their sum (plain
+        decoding, one column per token: ``prompt + max_new_tokens + 1``)."""
+        if self.per_step == 1:
+            return f"prompt + max_new_tokens + 1 = {self.prompt} + {self.max_new_tokens} + 1 = {self.total}"
+        return (
+            f"prompt + (max_new_tokens + 1)·{self.per_step_term} = {self.prompt} + "
+            f"({self.max_new_tokens} + 1)·{self.per_step_value} = {self.total}"
+        )
+
+
 @dataclass
 class DecodingConfig:
     """How to draft and verify. ``method``: ``chain`` (k tokens) or ``tree`` (EAGLE-2 top-k expansion)."""
@@ -60,11 +87,17 @@ class DecodingConfig:
     def max_depth(self) -> int:
         return self.num_speculative_tokens if self.method == "chain" else self.tree_depth
 
-    def max_cache_columns(self, prompt_width: int) -> int:
-        """An upper bound on the verifier cache's columns: the prompt, then per step the verified tokens, the
-        rejected ones included (they stay in the cache, masked)."""
-        per_step = (self.num_speculative_tokens if self.method == "chain" else self.tree_budget) + 1
-        return prompt_width + (self.max_new_tokens + 1) * per_step
+    def max_cache_columns(self, prompt_width: int) -> CacheColumns:
+        """An upper bound on the verifier cache's columns for prompts ``prompt_width`` wide (``CacheColumns``)."""
+        chain = self.method == "chain"
+        drafted = self.num_speculative_tokens if chain else self.tree_budget
+        return CacheColumns(
+            prompt_width,
+            self.max_new_tokens,
+            drafted + 1,
+            "(k + 1)" if chain else "(tree budget + 1)",
+            f"({drafted} + 1)",
+        )
 
 
 @dataclass
@@ -90,7 +123,7 @@ class VerifierRunner:
         aux_layer_ids: Sequence[int] = (),
         lean: bool = True,
         packed: bool | None = None,
-        max_columns: int | None = None,
+        max_columns: CacheColumns | None = None,
     ) -> None:
         check_supported(model, max_columns)
         self.model = model
@@ -165,11 +198,12 @@ class VerifierRunner:
         return self.forward(ids, positions, local, valid, last_only=True), ids, valid
 
 
-def check_supported(model: nn.Module, max_columns: int | None = None) -> None:
+def check_supported(model: nn.Module, max_columns: CacheColumns | None = None) -> None:
     """Refuse verifiers whose cache we cannot steer: sliding-window layers crop their own cache, which breaks the
-    per-row column layout and the tree masks. A window wider than the cache can ever grow (``max_columns``) never
-    crops, and such layers attend like full ones. The settings are read via the verifier's family (a wrapper keeps
-    them in ``text_config``)."""
+    per-row column layout and the tree masks. A window at least as wide as the cache can ever grow
+    (``max_columns``) never crops, and such layers attend like full ones: the refusal names that limit with this
+    run's numbers, and what to shorten. The settings are read via the verifier's family (a wrapper keeps them in
+    ``text_config``)."""
     from speculators import families
 
     config = getattr(model, "config", None)
@@ -177,13 +211,21 @@ def check_supported(model: nn.Module, max_columns: int | None = None) -> None:
     layer_types = settings.get("layer_types") or []
     window = settings.get("sliding_window")
     sliding = any("sliding" in str(t) for t in layer_types) or (window and settings.get("use_sliding_window"))
-    if sliding and window and max_columns is not None and int(window) >= max_columns:
+    if not sliding:
         return
-    if sliding:
+    if window and max_columns is not None and int(window) >= max_columns.total:
+        return
+    if not window or max_columns is None:
         raise ValueError(
-            f"{type(model).__name__} uses sliding-window attention, which this engine does not support "
-            "(its cache crops itself); evaluate with vLLM (`speculators eval --vllm`) instead"
+            f"{type(model).__name__} uses sliding-window attention (window {window or 'unknown'}), which this engine "
+            "supports only while its cache stays within the window; no bound on the cache was given"
         )
+    raise ValueError(
+        f"{type(model).__name__} uses sliding-window attention over {window} tokens, and this engine needs the "
+        f"whole verifier cache inside that window: {max_columns.explain()} columns > {window}, for the longest "
+        "prompt of the batch. Use shorter prompts (speculators eval --max-prompt-tokens) or fewer new tokens "
+        "(--max-new-tokens)" + (" or fewer drafted tokens per step" if max_columns.per_step > 1 else "")
+    )
 
 
 def _pick(
@@ -243,7 +285,8 @@ def plain_generate(
 ) -> GenerationResult:
     """Token-by-token decoding with a KV cache: the baseline for identity tests and speedups."""
     start = time.perf_counter()
-    columns = max((len(p) for p in prompts), default=0) + max_new_tokens + 1  # one column per token
+    width = max((len(p) for p in prompts), default=0)
+    columns = CacheColumns(width, max_new_tokens, 1, "1", "1")  # one column per token (and the prefill's)
     runner = VerifierRunner(verifier, len(prompts), max_columns=columns)
     outputs = _Outputs(len(prompts), max_new_tokens, eos_token_ids)
     logits, _, valid = runner.prefill(prompts)

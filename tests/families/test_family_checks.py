@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from speculators.decoding.engine import check_supported
+from speculators.decoding.engine import DecodingConfig, check_supported, plain_generate
 from speculators.export import convert_checkpoint
 from speculators.format.config import Eagle3Config
 from speculators.format.validate import errors, validate_checkpoint
@@ -86,8 +86,25 @@ def test_specforge_converts_against_a_gemma4_verifier(gemma4_draft, family_verif
 
 def test_sliding_window_is_refused_only_when_the_cache_can_outgrow_it(family_verifier):
     model, _ = load_verifier(str(family_verifier("gpt_oss")), "float32")  # window 512 on half the layers
-    check_supported(model, max_columns=512)
+    chain = DecodingConfig(num_speculative_tokens=3, max_new_tokens=64)  # 260 columns after the prompt
+    check_supported(model, chain.max_cache_columns(252))  # 512: the window holds the whole cache
     with pytest.raises(ValueError, match="sliding-window attention"):
-        check_supported(model, max_columns=513)
+        check_supported(model, chain.max_cache_columns(253))
     with pytest.raises(ValueError, match="sliding-window attention"):
         check_supported(model)
+
+
+def test_sliding_window_refusal_names_the_limit_with_this_runs_numbers(family_verifier):
+    """A `speculators eval --vllm` user was told to use --vllm: the refusal names the engine's real limit instead,
+    with the numbers that broke it, and what to shorten."""
+    model, _ = load_verifier(str(family_verifier("gpt_oss")), "float32")
+    chain = DecodingConfig(num_speculative_tokens=3, max_new_tokens=64)
+    with pytest.raises(ValueError) as refused:
+        check_supported(model, chain.max_cache_columns(400))
+    message = str(refused.value)
+    assert "prompt + (max_new_tokens + 1)·(k + 1) = 400 + (64 + 1)·(3 + 1) = 660 columns > 512" in message
+    assert "--max-prompt-tokens" in message and "--max-new-tokens" in message and "--vllm" not in message
+    with pytest.raises(
+        ValueError, match=r"prompt \+ max_new_tokens \+ 1 = 500 \+ 20 \+ 1 = 521 columns > 512"
+    ):
+        plain_generate(model, [[1] * 500], max_new_tokens=20)  # the plain baseline: one column per token
