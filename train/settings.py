@@ -172,6 +172,9 @@ class LoopSettings:
     dpace_alpha: float = 0.5
     confidence_weight: float = 1.0  # DSpark: weight of the confidence head's BCE
     max_cpu_seconds: float | None = None  # a CPU budget: the run (and its schedule) shortened to fit it
+    # after the fit, hold the budget when the CPU per step rises (re-fit shorter, stop once spent); false: the
+    # fitted length stands whatever the machine does, so a resumed run is step-for-step the uninterrupted one
+    cpu_budget_hold: bool = True
     hass: HassSettings = field(default_factory=HassSettings)
     stream: StreamSettings = field(default_factory=StreamSettings)
 

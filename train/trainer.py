@@ -49,6 +49,11 @@ from train.step_stats import StepStats
 from train.ttt_attention import flex_shape_variants, limit_flex_recompiles
 
 CPU_BUDGET_PROBE_STEPS = 10  # steps measured before a CPU budget fixes the run's length
+# after the fit, the CPU per step is measured over this many windows of the rest of the run, and the run is re-fitted
+# when a window's CPU per step projects this far over the budget: a busier machine (a 300 CPU-s budget once spent
+# 503) is caught within a window, a wobble of a few percent changes nothing. The run stops once the budget is spent.
+CPU_BUDGET_CHECKS = 20
+CPU_BUDGET_TOLERANCE = 0.05
 
 
 @dataclass
@@ -215,6 +220,7 @@ class Trainer:
         self._cpu_start = time.process_time()
         self._cpu_before = progress.budget_cpu_s  # the budgeted CPU spent before a resume counts
         budget_fixed = not settings.train.max_cpu_seconds or progress.budget_steps > 0
+        self._budget_checks_from(progress, 0.0)
         self._last_eval_step = self._last_save_step = progress.step if progress.step else -1
         while progress.step < self.total_steps:
             lr = lr_at(settings, progress.step, self.total_steps)
@@ -227,6 +233,8 @@ class Trainer:
             progress.epoch, progress.step_in_epoch = divmod(progress.step, per_epoch)
             if not budget_fixed and progress.step - self._run_start[1] >= CPU_BUDGET_PROBE_STEPS:
                 budget_fixed = self._fit_cpu_budget(progress)
+            elif budget_fixed:
+                self._hold_cpu_budget(progress)
             progress.samples_seen += self.plan.global_batch
             last = progress.step == self.total_steps
             epoch_end = progress.step_in_epoch == 0
@@ -268,7 +276,52 @@ class Trainer:
                 flush=True,
             )
         self.total_steps = progress.budget_steps = fitted
+        self._budget_checks_from(progress, this_attempt)
         return True
+
+    def _budget_checks_from(self, progress: Progress, cpu_so_far: float) -> None:
+        """Measure the CPU per step over windows of the steps left / ``CPU_BUDGET_CHECKS``, from here
+        (``cpu_so_far``: this attempt's CPU now). Nothing is checked without a budget or before it is fitted."""
+        train = self.settings.train
+        fitted = bool(train.max_cpu_seconds and train.cpu_budget_hold and progress.budget_steps)
+        left = self.total_steps - progress.step
+        self._budget_every = max(1, left // CPU_BUDGET_CHECKS) if fitted else 0
+        self._budget_mark = (progress.step, cpu_so_far)
+
+    def _hold_cpu_budget(self, progress: Progress) -> None:
+        """Keep ``train.max_cpu_seconds`` when the CPU per step rises after the fit (the machine got busier). After
+        every step (one small collective; the slowest rank's figures): the run stops here once it has spent the
+        budget; and at the end of each measuring window it is re-fitted (shortened, the lr schedule decaying over
+        the new length from here) when the steps left, at the window's CPU per step, would overrun the budget by
+        more than ``CPU_BUDGET_TOLERANCE``. The new length is checkpointed as the fit is, so a
+        resumed run starts from it. A run that re-plans cannot be resumed step for step (the resumed run measures
+        its own machine); ``train.cpu_budget_hold=false`` keeps the fitted length instead, and resumes exact."""
+        if not self._budget_every:
+            return
+        this_attempt = time.process_time() - self._cpu_start
+        mark_step, mark_cpu = self._budget_mark
+        window = progress.step - mark_step
+        measured = torch.tensor(
+            [self._cpu_before + this_attempt, (this_attempt - mark_cpu) / max(window, 1)], device=self.device
+        )
+        spent, per_step = (float(v) for v in self.accelerator.gather(measured[None]).max(dim=0).values)
+        budget = float(self.settings.train.max_cpu_seconds)
+        fitted = self.total_steps
+        if spent >= budget:
+            fitted = progress.step
+        elif window >= self._budget_every:
+            self._budget_mark = (progress.step, this_attempt)
+            if spent + (self.total_steps - progress.step) * per_step > budget * (1 + CPU_BUDGET_TOLERANCE):
+                fitted = min(self.total_steps, progress.step + int((budget - spent) / max(per_step, 1e-9)))
+        if fitted == self.total_steps:
+            return
+        if self.is_main:
+            print(
+                f"cpu budget {budget:.0f} CPU-s: {spent:.1f} spent, now {per_step:.3f} CPU-s/step: "
+                + (f"{fitted} steps (was {self.total_steps})" if fitted > progress.step else "stopping here"),
+                flush=True,
+            )
+        self.total_steps = progress.budget_steps = max(fitted, progress.step)
 
     def _log_train(self, progress: Progress, lr: float) -> None:
         """One metrics record + console line for the steps since the last one (collective: all ranks call it)."""
