@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -74,7 +75,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from speculators.eval.evaluation import EvalSettings, TreeSettings, evaluate, format_table
+    """Exit status 1 when vLLM was asked for (--vllm) and failed: results.json and the plot are written all the
+    same (our engine's measurements, and vLLM's failure in ``vllm.failed``), but a script must not take a run
+    without the cross-check it asked for as a complete one. The failure is one ``error:`` line, not a traceback."""
+    from speculators.eval.evaluation import (
+        EvalSettings,
+        TreeSettings,
+        consumer_failure,
+        evaluate,
+        format_table,
+    )
 
     if args.threads:
         import torch
@@ -105,4 +115,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(results))
     print(f"wrote {Path(args.output) / 'results.json'} and {Path(args.output) / 'acceptance.png'}")
+    if failed := consumer_failure(results):
+        print(f"error: vLLM failed, our engine's results were written: {failed}", file=sys.stderr)
+        return 1
     return 0

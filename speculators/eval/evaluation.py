@@ -173,7 +173,7 @@ def evaluate(
         for i in range(min(3, len(inputs.token_prompts)))
     ]
     if settings.vllm:
-        results["vllm"] = cross_check_vllm(inputs, settings, results["runs"], outputs)
+        results["vllm"] = vllm_or_its_failure(inputs, settings, results["runs"], outputs)
     if output_dir is not None:
         write_results(results, Path(output_dir))
     return results
@@ -384,6 +384,44 @@ def cross_check_vllm(
     return vllm
 
 
+def vllm_or_its_failure(
+    inputs: EvalInputs,
+    settings: EvalSettings,
+    runs: list[dict[str, Any]],
+    outputs: dict[str, list[list[int]]],
+) -> dict[str, Any]:
+    """``cross_check_vllm``, or when vLLM fails (it refuses the verifier or the draft, or its worker dies) what it
+    said: ``{"failed": one line, "log": its log, "error": the whole message}``. By then our engine's measurements
+    are finished (minutes of decoding): they are kept and written beside vLLM's failure, not lost with it."""
+    from speculators.serving import ConsumerUnavailable, VllmError
+
+    try:
+        return cross_check_vllm(inputs, settings, runs, outputs)
+    except (VllmError, ConsumerUnavailable) as exc:
+        return {**failure_summary(str(exc)), "error": str(exc)}
+
+
+WORKER_LOG = re.compile(r"; log (?P<log>\S+?):?$", re.M)
+
+
+def failure_summary(message: str) -> dict[str, str]:
+    """A consumer's failure as one line and the log it left, when the message names one. The line is the
+    worker's status and the consumer's error (its first line), completed by the first sentence of the error's
+    detail when there is one (a pydantic error says only "1 validation error for ModelConfig" first, and why
+    on the next line); the traceback and log tail that follow are left to ``error`` and the log."""
+    found = WORKER_LOG.search(message)
+    block = message[: found.start()] if found else message  # the log's tail follows its name
+    block = block.split("Traceback (most recent call last):")[0]
+    lines = [line.strip().rstrip(":;") for line in block.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("For further information")]
+    summary = {"failed": lines[0] if lines else "failed without a message"}
+    if len(lines) > 1:
+        summary["failed"] += f": {lines[1].split('. ')[0].rstrip('.')}"
+    if found:
+        summary["log"] = found["log"]
+    return summary
+
+
 def _prompt_source(prompts: Any) -> str:
     if prompts is None:
         return "speculators/prompts/default_chat.jsonl (shipped)"
@@ -525,7 +563,17 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(line)
     if isinstance(results.get("vllm"), dict) and "skipped" in results["vllm"]:
         lines.append(f"  vLLM skipped: {results['vllm']['skipped']}")
+    if failed := consumer_failure(results):
+        lines.append(f"  vLLM failed: {failed}")
     return "\n".join(lines)
+
+
+def consumer_failure(results: dict[str, Any]) -> str | None:
+    """The one line saying why vLLM failed in these results (with its log), or None when it ran or was skipped."""
+    vllm = results.get("vllm")
+    if not isinstance(vllm, dict) or not isinstance(vllm.get("failed"), str):
+        return None
+    return vllm["failed"] + (f" (log {vllm['log']})" if vllm.get("log") else "")
 
 
 __all__ = ["EvalSettings", "TreeSettings", "evaluate", "format_table", "load_draft", "write_results"]

@@ -214,6 +214,8 @@ def eval_results_tables(results: dict[str, Any], origin: str) -> list[tuple[str,
     vllm = results.get("vllm")
     if isinstance(vllm, dict) and isinstance(vllm.get("skipped"), str):
         tables.append((f"vLLM was not run: {vllm['skipped']}.", ""))
+    elif isinstance(vllm, dict) and isinstance(vllm.get("failed"), str):
+        tables.append((f"vLLM failed on these prompts: {vllm['failed']}.", ""))
     elif isinstance(vllm, dict) and vllm:
         tables.append(("The same prompts through vLLM (its own acceptance counters):", vllm_table(vllm)))
     return tables
