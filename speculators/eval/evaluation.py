@@ -157,6 +157,9 @@ def evaluate(
     inputs = load_inputs(draft, verifier, prompts, settings, dtype, device)
     settings = settings.for_draft(inputs.draft)
     check_settings(inputs.draft, settings)
+    refusal = vllm_refusal(inputs.model) if settings.vllm else None
+    if refusal:  # said before any decoding; our engine's measurements go on
+        print(refusal, flush=True)
     plain_generate(
         inputs.model, inputs.token_prompts[:1], max_new_tokens=2
     )  # first-call costs stay out of timings
@@ -173,10 +176,26 @@ def evaluate(
         for i in range(min(3, len(inputs.token_prompts)))
     ]
     if settings.vllm:
-        results["vllm"] = vllm_or_its_failure(inputs, settings, results["runs"], outputs)
+        results["vllm"] = (
+            {"skipped": refusal}
+            if refusal
+            else vllm_or_its_failure(inputs, settings, results["runs"], outputs)
+        )
     if output_dir is not None:
         write_results(results, Path(output_dir))
     return results
+
+
+def vllm_refusal(verifier: Any) -> str | None:
+    """The one line saying vLLM will not serve a draft for this verifier, when its family declares vLLM's refusal
+    (its model class lacks the EAGLE-3 aux-state interface); None when vLLM is expected to serve it (an undeclared
+    family is tried: its note only says the serving is unverified)."""
+    from speculators import families
+
+    config = getattr(verifier, "config", None)
+    if config is None or not families.of_config(config).vllm_refusal:
+        return None
+    return families.vllm_serving_note(config)
 
 
 def check_settings(draft: DraftModel, settings: EvalSettings) -> None:

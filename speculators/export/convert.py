@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from speculators import algorithms
+from speculators import algorithms, families
 from speculators.export.exporter import EXPORT_DTYPES, load_verifier_config
 from speculators.export.model_card import CardInfo, render_model_card
 from speculators.export.sources import read_config, read_weights
@@ -445,6 +445,7 @@ def write_converted(
                 config=config_dict,
                 verifier_ref=str(verifier_ref),
                 source=f"converted from the {layout} layout (`{src}`)",
+                vllm_refusal=families.of_config(verifier_config).vllm_refusal or None,
             )
         )
     return config_dict, write_validated(out_dir, config_dict, weights, verifier_config, extra)

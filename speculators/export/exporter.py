@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from speculators import algorithms
+from speculators import algorithms, families
 from speculators.export.model_card import (
     CardInfo,
     add_eval_results,
@@ -131,6 +131,7 @@ def export_checkpoint(
             training=training_summary(checkpoint.run_dir, checkpoint.trainer_state, checkpoint.best),
             evals=evals,
             run_dir=checkpoint.run_dir,
+            vllm_refusal=families.of_config(verifier_config).vllm_refusal or None,
         )
         extra["README.md"] = render_model_card(card)
         extra.update(evals.plots)

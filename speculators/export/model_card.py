@@ -52,6 +52,8 @@ class CardInfo:
     training: dict[str, Any] = field(default_factory=dict)
     evals: EvalArtifacts = field(default_factory=EvalArtifacts)
     run_dir: Path | None = None  # paths inside it are shown relative to it; any other local path by name only
+    # what every vLLM answers when asked to serve a draft for this verifier's family (Family.vllm_refusal)
+    vllm_refusal: str | None = None
 
 
 # ---- gathering ---------------------------------------------------------------------------------------------
@@ -350,8 +352,14 @@ def render_model_card(info: CardInfo) -> str:
         "",
         f"{'An' if kind[:1] in 'AEIOU' else 'A'} {kind} speculative-decoding draft for "
         f"`{shown_verifier(info)}`, in the standard `speculators` checkpoint "
-        "format: vLLM serves it as it is. The draft proposes tokens; the verifier checks them, so the output is "
-        "exactly the verifier's.",
+        "format"
+        + (
+            ". vLLM does not serve it: its model for this verifier family lacks the EAGLE-3 aux-hidden-state "
+            f'interface ("{info.vllm_refusal}"); the speculators engine (`speculators eval`) serves it.'
+            if info.vllm_refusal
+            else ": vLLM serves it as it is."
+        )
+        + " The draft proposes tokens; the verifier checks them, so the output is exactly the verifier's.",
         *(
             ["", f"**Verifier weights:** trained and measured against {info.verifier_note}."]
             if info.verifier_note
@@ -385,7 +393,7 @@ def render_model_card(info: CardInfo) -> str:
             ]
         ),
         "",
-        serving_section(verifier, k, local_verifier, method),
+        *([] if info.vllm_refusal else [serving_section(verifier, k, local_verifier, method)]),
     ]
     if info.training or info.recipe:
         parts += ["", training_section(info)]

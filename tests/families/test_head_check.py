@@ -173,6 +173,21 @@ def test_data_gen_and_training_check_the_head(verifier, tmp_path, capsys):
     assert "head check: the training head reproduces the verifier's logits (argmax agreement 100.0%" in out
     if name == "gemma":
         assert "vLLM serving is unverified for model_type 'gemma'" in out
+    else:  # a declared refusal: eval --vllm says so in one line and keeps our engine's measurements
+        from speculators.eval.evaluation import EvalSettings, evaluate
+        from speculators.export import export_checkpoint
+
+        export_checkpoint(run_dir, tmp_path / "export", dtype="float32")
+        card = (tmp_path / "export" / "README.md").read_text()
+        assert "vLLM does not serve it" in card and "vLLM serves it as it is" not in card
+        assert "vllm serve" not in card
+        settings = EvalSettings(ks=[2], max_new_tokens=4, max_prompts=1, vllm=True)
+        results = evaluate(tmp_path / "export", str(directory), chats, settings, tmp_path / "eval")
+        assert results["vllm"] == {
+            "skipped": families.vllm_serving_note(json.loads((directory / "config.json").read_text()))
+        }
+        assert json.loads((tmp_path / "eval" / "results.json").read_text())["runs"]
+        assert "will not serve a draft for this Gemma 3 verifier" in capsys.readouterr().out
 
     # another verifier's logits recorded beside the same features: the head no longer reproduces them
     shuffled = HeadProbe(probe.last_prenorm, probe.top_ids.roll(1, dims=-1), probe.top_logprobs)

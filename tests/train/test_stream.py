@@ -23,8 +23,9 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from data_gen.spool import ProducerStarvation, Spool, directory_bytes, wait_for_item
+from data_gen.spool import ProducerStarvation, Spool, wait_for_item
 from speculators import runs
+from speculators.head_check import PROBE_NAME, HeadProbe
 from tests.data_gen.conftest import chat_records, write_jsonl
 from tests.train.conftest import compose, launch_env
 from train.trainer import train
@@ -101,8 +102,21 @@ class SpoolWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(0.003):
-            used = sum(directory_bytes(self.spool / d) for d in ("ready", "partial", "trash"))
-            self.peak, self.samples = max(self.peak, used), self.samples + 1
+            self.peak, self.samples = max(self.peak, self._used()), self.samples + 1
+
+    def _used(self) -> int:
+        """Bytes of distinct files: an item renamed from ready/ to trash/ while the directories are walked one
+        after the other is the same inode, and would otherwise be counted twice (a peak the spool never held)."""
+        sizes: dict[tuple[int, int], int] = {}
+        for directory in ("ready", "partial", "trash"):
+            for root, _dirs, files in os.walk(self.spool / directory):
+                for name in files:
+                    try:
+                        stat = os.stat(os.path.join(root, name))
+                    except FileNotFoundError:  # removed while we counted
+                        continue
+                    sizes[(stat.st_dev, stat.st_ino)] = stat.st_size
+        return sum(sizes.values())
 
     def __enter__(self) -> SpoolWatch:
         self._thread.start()
@@ -118,12 +132,15 @@ def producer_logs(spool: Path) -> str:
 
 
 def test_stream_trains_the_offline_samples_within_the_spool_bound(
-    offline_run, tiny_llama_dir, source, tmp_path
+    offline_run, tiny_llama_dir, source, tmp_path, capsys
 ):
     cfg = compose(overrides(tiny_llama_dir, source, tmp_path, "train.data_mode=stream"))
     spool = tmp_path / "run" / "spool"
     with SpoolWatch(spool) as watch:
         train(cfg, tmp_path / "run")
+    # a producer recorded the verifier's own logits in the spool, and the trainer checked its head against them
+    assert HeadProbe.load(spool / PROBE_NAME) is not None
+    assert "reproduces the verifier's logits (argmax agreement 100.0%" in capsys.readouterr().out
     assert_same_weights(offline_run / "run", tmp_path / "run")  # the same samples, epoch by epoch
     assert watch.samples > 100 and 0 < watch.peak <= BUDGET_GB * 1e9, (watch.peak, watch.samples)
     assert Spool(spool).ready_items() == ["heldout"]  # every train item consumed and deleted
@@ -225,7 +242,10 @@ def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path
             features.batch(features.collate(samples))
             if victim is None and step >= 1:
                 victim = kill_a_claiming_producer(spool, features.pool.pids())
-            time.sleep(0.3)  # a slow consumer: the producers fill the spool and wait
+                # a consumer slow enough that the producers fill the spool and wait, however busy the machine:
+                # it reads on only once a producer said so (or after a minute, and the assertion below fails)
+                wait_until(lambda: "waiting: spool full" in producer_logs(spool.root), timeout=60)
+            time.sleep(0.3)
         restarts = features.pool.restarts
     finally:
         features.close()
@@ -240,6 +260,15 @@ def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path
     assert "restarting it (restart 1 of 2)" in caplog.text
     assert "waiting: spool full" in producer_logs(spool.root)  # the slow consumer held the producers back
     assert 0 < watch.peak <= SMALL_BUDGET_GB * 1e9, watch.peak
+
+
+def wait_until(condition, timeout: float, poll: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def kill_a_claiming_producer(spool: Spool, ours: list[int], timeout: float = 60) -> str | None:
