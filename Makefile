@@ -62,10 +62,10 @@ $(SPEC_VENV)/.stamp: pyproject.toml
 	touch $@
 
 test: setup consumers
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 test-fast: setup
-	$(PY) -m pytest -q -ra -m "not consumer and not slow"
+	$(PY) -m pytest -q -ra --durations=25 -m "not consumer and not slow"
 
 demo: setup vllm-env
 	scripts/demo.sh
