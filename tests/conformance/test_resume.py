@@ -29,8 +29,9 @@ def resume_data(tmp_path_factory, resume_verifier):
 @pytest.mark.parametrize("name", list(RESUME_RECIPES))
 def test_sigkill_and_resume_gives_identical_weights(resume_verifier, resume_data, tmp_path, name):
     def args(run_dir):
-        overrides = tiny_overrides(resume_verifier, resume_data, run_dir, *COMMON, "deepspeed=zero2")
-        overrides[0] = f"recipe={RESUME_RECIPES[name]}"
+        recipe, extra = RESUME_RECIPES[name]
+        overrides = tiny_overrides(resume_verifier, resume_data, run_dir, *COMMON, "deepspeed=zero2", *extra)
+        overrides[0] = f"recipe={recipe}"
         return overrides
 
     reference, run_dir = tmp_path / "reference", tmp_path / "run"

