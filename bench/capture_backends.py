@@ -27,18 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from acceptance_bench import machine
-from data_gen_bench import encode
-from machine_load import LoadWindow
 
+from bench.data_gen_bench import encode
+from bench.machine_load import LoadWindow
+from bench.record import REPO, bullet, machine, num, times
 from data_gen.capture import resolve_aux_layer_ids
 from data_gen.capture_backends import CaptureSettings, Features, TransformersCapture
 from data_gen.vllm_capture import VllmCapture
 from speculators.atomic import atomic_write_json
 from speculators.local_paths import scrub
 from speculators.verifier import embedded_verifier_dir, load_verifier
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def pick_dtype(requested: str) -> torch.dtype:
@@ -71,7 +69,7 @@ def timed_capture(
     }, features
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=512)
@@ -82,7 +80,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--output", default=str(REPO / "bench" / "results" / "capture_backends.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     dtype = pick_dtype(args.dtype)
@@ -150,5 +148,25 @@ def main() -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
 
 
+# ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
+RESULTS = ("capture_backends",)  # the result files this bench writes (bench/results/<stem>.json)
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """capture_backends.json's section of SUMMARY.md."""
+    tps = result.get("tokens_per_s_median") or {}
+    return [
+        bullet("dtype, threads", f"{result.get('dtype')}, {result.get('threads')}"),
+        *[bullet(f"capture tokens/s (median), {name}", value) for name, value in tps.items()],
+        bullet("vllm over transformers", times(result.get("vllm_over_transformers"))),
+        bullet("vLLM engine start s (untimed warm-up)", result.get("vllm_engine_start_s")),
+        bullet(
+            "worst relative error, vllm vs transformers",
+            num(result.get("worst_relative_error_vllm_vs_transformers"), 4),
+        ),
+        bullet("contended runs", result.get("contended_runs")),
+    ]
+
+
 if __name__ == "__main__":
-    main()
+    run()

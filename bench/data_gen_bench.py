@@ -21,9 +21,11 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from bench.record import REPO, bullet, num, pct
 from data_gen.capture import FeatureCapture, base_model
 from data_gen.capture_backends import TransformersCapture
 from data_gen.masks import ChatMasker, MaskingError
@@ -32,8 +34,6 @@ from data_gen.sources import DataSettings, load_conversations
 from data_gen.store import FeatureDataset, finalize_split, write_shard
 from speculators.atomic import atomic_write_json
 from speculators.verifier import load_verifier
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def encode(tokenizer, count: int, max_length: int):
@@ -71,14 +71,14 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=32)  # ~15k tokens
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--output", default=str(REPO / "bench" / "results" / "data_gen.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_verifier("smollm2", "auto", device)
@@ -177,5 +177,27 @@ def main() -> None:
     print(json.dumps(result, indent=1))
 
 
+# ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
+RESULTS = ("data_gen",)  # the result files this bench writes (bench/results/<stem>.json)
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """data_gen.json's section of SUMMARY.md."""
+    tps = result.get("tokens_per_s", {})
+    lines = [
+        bullet("capture tokens/s", num(tps.get("capture"))),
+        bullet("bare decoder tokens/s", num(tps.get("bare_decoder"))),
+        bullet("capture overhead vs bare forward", pct(result.get("capture_overhead_vs_bare_decoder"))),
+    ]
+    for dtype, info in result.get("storage", {}).items():
+        lines.append(
+            bullet(
+                f"bytes/token {dtype}",
+                f"{num(info.get('bytes_per_token'))} ({num(info.get('vs_naive'), 3)}x naive)",
+            )
+        )
+    return lines
+
+
 if __name__ == "__main__":
-    main()
+    run()

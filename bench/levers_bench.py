@@ -43,14 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import learning_curve
-from acceptance_bench import machine, run_wave
-from machine_load import LoadWindow
-
+from bench import learning_curve
+from bench.acceptance_bench import run_wave
+from bench.machine_load import LoadWindow
+from bench.record import REPO, machine, num, pct
 from speculators.atomic import atomic_write_json
 from speculators.local_paths import scrub
 
-REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 RECIPE = "eagle3_smollm2"
 EVAL_K = 3
@@ -464,7 +463,7 @@ def curve(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (< 6 min), outputs/levers_quick")
     parser.add_argument(
@@ -477,11 +476,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--root", help="where the runs go (default outputs/levers[_quick])")
     parser.add_argument("--out", help="result JSON (default bench/results/levers[_quick].json)")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
+def run(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     size = QUICK if args.quick else FULL
     root = Path(args.root or size.root)
     root = root if root.is_absolute() else REPO / root
@@ -539,5 +538,30 @@ def main() -> None:
 
 __all__ = ["equal_cpu_samples", "lanes", "queues"]
 
+
+# ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
+RESULTS = ("levers", "levers_quick")  # the result files this bench writes (bench/results/<stem>.json)
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """One row per lane at equal training CPU-seconds."""
+    budget = result.get("budget") or {}
+    lines = [
+        f"- mode {result.get('mode')}; {budget.get('training_cpu_s_per_lane')} training CPU-s per lane; "
+        f"{result.get('metric')}",
+        "",
+        "| lane | held-out AL (end) | best | training tokens | tokens/s | CPU-s/step | draft step ms | vs baseline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, lane in (result.get("lanes") or {}).items():
+        lines.append(
+            f"| {name} | {num(lane.get('heldout_simulated_al_k3'), 4)} | "
+            f"{num(lane.get('best_heldout_simulated_al_k3'), 4)} | {lane.get('training_tokens')} | "
+            f"{lane.get('training_tokens_per_s')} | {lane.get('cpu_s_per_step')} | {num(lane.get('draft_step_ms'), 2)} | "
+            f"{pct(None if lane.get('al_vs_baseline_pct') is None else lane['al_vs_baseline_pct'] / 100)} |"
+        )
+    return lines
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -1,32 +1,26 @@
 """`make bench`: run every benchmark in turn and write bench/results/SUMMARY.md from their JSON results.
 
-Each benchmark is a plain script that writes ``bench/results/<name>.json``; this runner only sequences them (one at
-a time: they measure throughput on a shared CPU) and bench/summary.py condenses the
-headline figures of every result file into SUMMARY.md.
-A benchmark that fails is reported at the end; the others still run.
+Each benchmark of :data:`bench.MAKE_BENCH` is a module whose ``run()`` writes ``bench/results/<name>.json``; this
+runner only sequences them (one at a time, each ``python -m bench.<module>`` in a process of its own: they measure
+throughput on a shared CPU) and bench/summary.py condenses the headline figures of every result file into
+SUMMARY.md. A benchmark that fails is reported at the end; the others still run.
 
-    python bench/run.py                  # all benchmarks (the acceptance one trains eight drafts: ~2 h on 2 cores)
-    python bench/run.py --only engine    # a subset, by name
+    python -m bench.run                  # all benchmarks (the acceptance one trains eight drafts: ~2 h on 2 cores)
+    python -m bench.run --only engine    # a subset, by name (python bench/run.py works too)
 """
 
 from __future__ import annotations
 
 import argparse
-import runpy
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
-# name -> script; the order is cheapest first, so a quick look at the suite needs no trained draft.
-BENCHMARKS = {
-    "data_gen": "bench/data_gen_bench.py",
-    "train": "bench/train_bench.py",
-    "engine": "bench/engine_bench.py",
-    "acceptance": "bench/acceptance_bench.py",
-}
+from bench import MAKE_BENCH
+from bench.record import REPO, RESULTS
+
+# name (its result file) -> module; the order is cheapest first, so a quick look at the suite needs no trained draft.
+BENCHMARKS = {module.removesuffix("_bench"): module for module in MAKE_BENCH}
 
 
 def main() -> int:
@@ -40,20 +34,20 @@ def main() -> int:
     if not args.summary_only:
         print(hardware_line(), flush=True)
     status: dict[str, str] = {}
-    for name, script in BENCHMARKS.items():
+    for name, module in BENCHMARKS.items():
         if args.only and name not in args.only:
             continue
         if args.summary_only:
             break
-        print(f"\n==> bench {name}: {script}", flush=True)
+        print(f"\n==> bench {name}: python -m bench.{module}", flush=True)
         start = time.monotonic()
-        code = subprocess.call([sys.executable, str(REPO / script)], cwd=REPO)
+        code = subprocess.call([sys.executable, "-m", f"bench.{module}"], cwd=REPO)
         status[name] = f"exit {code} after {time.monotonic() - start:.0f} s"
     for name, outcome in status.items():
         print(f"bench {name}: {outcome}")
-    # loaded from its file: run as a script or through runpy, bench/ is not on sys.path nor a package
-    write_summary = runpy.run_path(str(REPO / "bench" / "summary.py"))["write"]
-    print(f"wrote {write_summary().relative_to(REPO)}")
+    from bench.summary import write
+
+    print(f"wrote {write().relative_to(REPO)}")
     return 0 if all(s.startswith("exit 0") for s in status.values()) else 1
 
 

@@ -26,14 +26,14 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
-from acceptance_bench import machine as bench_machine
-from machine_load import LoadWindow  # bench/ is the script's own folder, first on sys.path
 
+from bench.machine_load import LoadWindow
+from bench.record import REPO, bullet, num
+from bench.record import machine as bench_machine
 from speculators.atomic import atomic_write_json
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def compose(overrides: list[str]):
@@ -117,7 +117,7 @@ def machine() -> dict:
     return {**bench_machine(), "load_average_at_start": os.getloadavg()}
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--chunk-steps", type=int, default=8)
     parser.add_argument("--prefill-timeout", type=float, default=3600.0)
     parser.add_argument("--output", default=str(REPO / "bench" / "results" / "stream.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.trainer_threads)
 
@@ -168,5 +168,20 @@ def main() -> None:
     print(json.dumps(results, indent=2))
 
 
+# ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
+RESULTS = ("stream",)  # the result files this bench writes (bench/results/<stem>.json)
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """stream.json's section of SUMMARY.md."""
+    return [
+        bullet("offline training tokens/s", num((result.get("offline") or {}).get("tokens_per_s"))),
+        bullet("streamed training tokens/s", num((result.get("stream") or {}).get("tokens_per_s"))),
+        bullet("stream over offline", result.get("stream_over_offline")),
+        bullet("goal", f">= {result.get('goal')}: {'met' if result.get('meets_goal') else 'NOT met'}"),
+        bullet("contended", result.get("contended")),
+    ]
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -25,13 +25,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from bench.record import REPO, bullet
 from train.memory_plan import LiveBytes
 from train.ttt_attention import chunked_ttt_attention, dense_ttt_attention
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def peak_memory_of(work) -> int:
@@ -187,14 +187,14 @@ def attention_memory(lengths: list[int], dense_max: int, chunk: int) -> dict:
     }
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--dense-max", type=int, default=2048)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--output", default=str(REPO / "bench" / "results" / "train.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results: dict = {
         "machine": {
@@ -224,5 +224,26 @@ def main() -> None:
     print(json.dumps(results, indent=2))
 
 
+# ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
+RESULTS = ("train",)  # the result files this bench writes (bench/results/<stem>.json)
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """train.json's section of SUMMARY.md."""
+    lines = [
+        bullet(f"training tokens/s ({run.get('threads')} thread(s))", run.get("tokens_per_s"))
+        for run in result.get("throughput", {}).get("runs", [])
+    ]
+    memory = result.get("ttt_attention_memory", {})
+    lines.append(
+        bullet(
+            "TTT attention peak MiB by length",
+            {r["length"]: r["peak_mib"] for r in memory.get("chunked", [])},
+        )
+    )
+    lines.append(bullet("grows linearly", memory.get("chunked_grows_linearly")))
+    return lines
+
+
 if __name__ == "__main__":
-    main()
+    run()

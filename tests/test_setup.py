@@ -114,10 +114,7 @@ def test_bench_scripts_import_from_the_installed_packages(script, tmp_path):
 def test_engine_bench_fits_its_draft_without_the_test_tree_on_the_path(tmp_path):
     """engine_bench's default draft comes from tests/support/quickfit.py, loaded from its file."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    probe = (
-        f"import runpy; bench = runpy.run_path({str(REPO_ROOT / 'bench' / 'engine_bench.py')!r}, run_name='bench');"
-        "print(bench['_quickfit']().fit_draft.__name__)"
-    )
+    probe = "from bench.engine_bench import _quickfit; print(_quickfit().fit_draft.__name__)"
     result = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )

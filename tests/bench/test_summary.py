@@ -51,17 +51,27 @@ def test_each_section_names_its_own_machine_and_a_new_result_file_gets_a_section
     assert "not recorded" in sections["c"]
 
 
+def test_every_bench_renders_its_own_result_files():
+    """summary.py knows no bench: each bench module lists the result files it writes and renders their sections,
+    and no two benches claim the same file."""
+    from bench import BENCHES, bench_modules
+
+    stems = [stem for module in bench_modules() for stem in module.RESULTS]
+    assert len(stems) == len(set(stems))
+    for name, module in zip(BENCHES, bench_modules(), strict=True):
+        assert callable(module.run) and callable(module.render), name
+    committed = {p.stem for p in RESULTS.glob("*.json") if not p.stem.endswith("_curve")}
+    assert committed <= set(stems), f"result files no bench renders: {sorted(committed - set(stems))}"
+
+
 def test_a_machine_without_cpu_model_says_so():
     assert "not recorded" in machine_line({"machine": {"platform": "Linux", "cpus": 2}})
 
 
-def test_the_peer_trainers_parallel_drafters_reach_the_summary(tmp_path, monkeypatch):
+def test_the_peer_trainers_parallel_drafters_reach_the_summary(tmp_path):
     """acceptance_bench's summary of a sweep with the peer trainer's P-EAGLE and DFlash: their rows in every table
     (summary.greedy_acceptance_length.peer_peagle.k<k> ...), the ours-vs-peer goals, and SUMMARY.md's rows."""
-    from tests.conftest import REPO_ROOT
-
-    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
-    import acceptance_bench
+    from bench import acceptance_bench
 
     al = {"eagle3": 1.4, "peagle": 1.3, "peer_peagle": 1.2, "dflash": 1.1, "peer_dflash": 1.25, "ngram": 1.2}
     ks = {name: [1, 2, 3, 4] if name != "eagle3" else [1, 2, 3] for name in al}
