@@ -15,7 +15,7 @@ Rows that finish (EOS or max_new_tokens) leave the batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -328,8 +328,12 @@ class SpeculativeDecoder:
         draft: DraftModel,
         config: DecodingConfig | None = None,
         sampler: RejectionSampler | None = None,
+        drafter_factory: Callable[[Sequence[Sequence[int]], torch.device], Any] | None = None,
     ) -> None:
+        """``drafter_factory(prompts, device)`` replaces the draft's own drafter for each batch (the oracle of
+        :mod:`speculators.decoding.oracle`, which needs the batch's prompts); the draft still names the aux layers."""
         self.verifier = verifier
+        self.drafter_factory = drafter_factory
         self.draft = draft.eval()
         self.config = config or DecodingConfig()
         self.sampler = sampler or RejectionSampler()
@@ -372,7 +376,10 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         columns = cfg.max_cache_columns(max((len(p) for p in prompts), default=0))
         runner = VerifierRunner(self.verifier, len(prompts), self.aux_layer_ids, max_columns=columns)
-        drafter = self.drafter_class(self.draft, len(prompts), runner.device)
+        if self.drafter_factory is not None:
+            drafter = self.drafter_factory(prompts, runner.device)
+        else:
+            drafter = self.drafter_class(self.draft, len(prompts), runner.device)
         outputs = _Outputs(len(prompts), cfg.max_new_tokens, eos_token_ids)
         logits, ids, valid = runner.prefill(prompts)
         root = _pick(logits[:, -1], cfg.temperature, cfg.top_p, generator)

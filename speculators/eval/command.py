@@ -25,6 +25,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-prompts", type=int, help="use only the first N prompts")
     parser.add_argument(
+        "--suite",
+        help="comma list of prompt sets, measured per suite and per category: mtbench (80 two-turn questions, the "
+        "second asked after the verifier's own answer), humaneval (164), gsm8k (1,319), chats (--prompts); read "
+        "offline from the pinned wheels (make setup)",
+    )
+    parser.add_argument(
+        "--max-prompts-per-suite",
+        type=int,
+        help="the first N questions of each suite (an MT-Bench question is two requests, one per turn)",
+    )
+    parser.add_argument(
+        "--no-oracle",
+        action="store_true",
+        help="skip the ceiling run (the verifier's own greedy continuation as the draft, at each chain k)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="*",
+        help="k x concurrency sweep: also run every chain k at these batch sizes (e.g. 1 8); results.json's "
+        "reports.k_sweep.best_k is the k to serve (speculators export --k-from-eval)",
+    )
+    parser.add_argument(
         "--max-prompt-tokens",
         type=int,
         help="cap on prompt tokens: a longer chat is cut back to its latest user turn that fits, or skipped "
@@ -91,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
 
+    from speculators.eval.suites import parse_suites
+
+    try:
+        suites = parse_suites(args.suite) if args.suite else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     settings = EvalSettings(
         ks=list(args.k) if args.k else None,
         tree=TreeSettings(args.tree_topk, args.tree_depth, args.tree_budget) if args.tree else None,
@@ -103,6 +133,10 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         compare_plain=not args.no_plain,
         vllm=args.vllm,
+        suites=suites,
+        max_prompts_per_suite=args.max_prompts_per_suite,
+        oracle=not args.no_oracle,
+        concurrencies=list(args.concurrency) if args.concurrency else None,
     )
     results = evaluate(
         Path(args.draft),
@@ -114,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
     )
     print(format_table(results))
-    print(f"wrote {Path(args.output) / 'results.json'} and {Path(args.output) / 'acceptance.png'}")
+    out = Path(args.output)
+    print(f"wrote {out / 'results.json'}, {out / 'requests.jsonl'} and {out / 'acceptance.png'}")
     if failed := consumer_failure(results):
         print(f"error: vLLM failed, our engine's results were written: {failed}", file=sys.stderr)
         return 1

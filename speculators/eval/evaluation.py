@@ -17,7 +17,7 @@ from __future__ import annotations
 import platform
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -27,10 +27,14 @@ import torch
 
 from speculators import algorithms
 from speculators.atomic import atomic_write_json
-from speculators.decoding import DecodingConfig, DecodingStats, SpeculativeDecoder, eos_ids, plain_generate
+from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, plain_generate
 from speculators.decoding.drafters import default_k
 from speculators.eval.plot import algorithm_name
-from speculators.eval.prompts import Messages, load_prompts, select_prompts
+from speculators.eval.prompts import Messages, fit_chat, load_prompts, render_prompts, select_prompts
+from speculators.eval.recording import RequestLog, RunSpec, compare_requests, decode_rows, vllm_rows
+from speculators.eval.suites import CHATS, PromptLabel, labelled_chats
+from speculators.eval.suites import provenance as suite_provenance
+from speculators.eval.table import REQUESTS_NAME, Request, as_stats, reports, write_requests
 from speculators.models.draft import DraftModel
 from speculators.precision import choose, dtype_name
 
@@ -61,6 +65,10 @@ class EvalSettings:
     seed: int = 0
     compare_plain: bool = True
     vllm: bool = False
+    suites: list[str] | None = None  # standard prompt sets (speculators.eval.suites); None: the chats alone
+    max_prompts_per_suite: int | None = None  # questions per suite (an MT-Bench question is two requests)
+    oracle: bool = True  # the ceiling: the verifier's own greedy continuation drafted at each chain k
+    concurrencies: list[int] | None = None  # the k x concurrency sweep (our engine); None: batch_size alone
 
     def for_draft(self, draft: DraftModel) -> EvalSettings:
         """These settings with ``ks`` filled in from the draft when none were given."""
@@ -97,24 +105,6 @@ def load_draft(source: Path, dtype: torch.dtype = torch.float32) -> tuple[DraftM
     return algorithms.load_draft(draft_dir, dtype=dtype), draft_dir
 
 
-def _run_batches(
-    decode, prompts: list[list[int]], batch_size: int, label: str = "decode"
-) -> tuple[list[list[int]], DecodingStats]:
-    """Decode ``prompts`` batch by batch, with a progress bar (prompts done, generated tokens/s)."""
-    from tqdm.auto import tqdm
-
-    tokens: list[list[int]] = []
-    stats = DecodingStats()
-    with tqdm(total=len(prompts), desc=f"eval {label}", unit="prompt", leave=False) as bar:
-        for start in range(0, len(prompts), batch_size):
-            result = decode(prompts[start : start + batch_size])
-            tokens += result.tokens
-            stats = stats.merge(result.stats)
-            bar.update(len(result.tokens))
-            bar.set_postfix(tok_s=f"{stats.summary().get('tokens_per_s') or 0:.1f}")
-    return tokens, stats
-
-
 class VerifierPair(NamedTuple):
     """A loaded verifier and its tokenizer (a plain ``(model, tokenizer)`` tuple works too)."""
 
@@ -138,6 +128,8 @@ class EvalInputs:
     stop: list[int]  # end-of-sequence ids of the tokenizer and the model
     identity: dict[str, Any] = field(default_factory=dict)  # recipe, algorithm and display name of the draft
     precision: dict[str, Any] = field(default_factory=dict)  # the verifier's dtype, who chose it and why
+    labels: list[PromptLabel] = field(default_factory=list)  # suite, category, question, turn of each prompt
+    log: RequestLog = field(default_factory=RequestLog)  # the request table every report is computed from
 
 
 def evaluate(
@@ -166,6 +158,8 @@ def evaluate(
     results = describe(inputs, _prompt_source(prompts), settings, device)
     plain_tokens = decode_plain(inputs, settings, results)
     outputs = decode_drafts(inputs, settings, results, plain_tokens)
+    decode_oracle(inputs, settings, results, plain_tokens)
+    sweep_concurrency(inputs, settings)
     results["examples"] = [
         {
             "prompt": inputs.conversations[i][-1]["content"],
@@ -181,8 +175,10 @@ def evaluate(
             if refusal
             else vllm_or_its_failure(inputs, settings, results["runs"], outputs)
         )
+    results["reports"] = reports(inputs.log.rows)
+    results["requests_table"] = {"file": REQUESTS_NAME, "rows": len(inputs.log.rows)}
     if output_dir is not None:
-        write_results(results, Path(output_dir))
+        write_results(results, Path(output_dir), inputs.log.rows)
     return results
 
 
@@ -236,12 +232,18 @@ def load_inputs(
         precision = choice.to_json()
     weight = next(model.parameters())
     draft_model = draft_model.to(device=weight.device, dtype=weight.dtype)
-    limit = None if settings.max_prompt_tokens else settings.max_prompts  # filter by length before the limit
-    conversations = prompts if isinstance(prompts, list) else load_prompts(prompts, limit)
-    token_prompts, conversations, cut = select_prompts(
-        tokenizer, conversations, settings.max_prompt_tokens, settings.max_prompts
-    )
     stop = sorted(set(eos_ids(tokenizer)) | set(eos_ids(model)))
+    if settings.suites:
+        labels, conversations, token_prompts, cut = suite_prompts(model, tokenizer, stop, prompts, settings)
+    else:
+        limit = (
+            None if settings.max_prompt_tokens else settings.max_prompts
+        )  # filter by length before the limit
+        conversations = prompts if isinstance(prompts, list) else load_prompts(prompts, limit)
+        token_prompts, conversations, cut = select_prompts(
+            tokenizer, conversations, settings.max_prompt_tokens, settings.max_prompts
+        )
+        labels = [PromptLabel(CHATS, CHATS, str(i)) for i in range(len(conversations))]
     identity = draft_identity(draft if isinstance(draft, Path) else None, draft_dir, draft_model)
     return EvalInputs(
         draft_model,
@@ -255,7 +257,61 @@ def load_inputs(
         stop,
         identity,
         precision,
+        labels,
     )
+
+
+def suite_prompts(
+    model: Any, tokenizer: Any, stop: list[int], prompts: Path | list[Messages] | None, settings: EvalSettings
+) -> tuple[list[PromptLabel], list[Messages], list[list[int]], dict[str, int]]:
+    """The prompts of ``settings.suites``, up to ``max_prompts_per_suite`` questions each, as labels, chats, token
+    ids and cut counts. A benchmark turn longer than ``max_prompt_tokens`` is skipped, never shortened into
+    another prompt; a chat of the ``chats`` suite is cut back as without suites."""
+    limit = settings.max_prompts_per_suite
+
+    def chats(count: int | None) -> list[Messages]:
+        if isinstance(prompts, list):
+            return prompts[:count] if count else prompts
+        return load_prompts(prompts, None if settings.max_prompt_tokens else count)
+
+    labelled = labelled_chats(
+        settings.suites or [], chats, limit, greedy_replies(model, tokenizer, stop, settings)
+    )
+    labels, conversations, ids, cut = [], [], [], {"shortened": 0, "skipped": 0}
+    for label, chat in labelled:
+        if label.suite == CHATS and limit and sum(lb.suite == CHATS for lb in labels) >= limit:
+            continue
+        fitted = fit_chat(tokenizer, chat, settings.max_prompt_tokens, shorten=label.suite == CHATS)
+        if fitted is None:
+            cut["skipped"] += 1
+            continue
+        cut["shortened"] += len(fitted[1]) != len(chat)
+        labels.append(label)
+        ids.append(fitted[0])
+        conversations.append(fitted[1])
+    if not labels:
+        raise ValueError(
+            f"no prompt of suites {settings.suites} fits --max-prompt-tokens {settings.max_prompt_tokens}; raise it"
+        )
+    return labels, conversations, ids, cut
+
+
+def greedy_replies(
+    model: Any, tokenizer: Any, stop: list[int], settings: EvalSettings
+) -> Callable[[list[Messages]], list[str]]:
+    """The verifier's greedy answers to chats (up to ``max_new_tokens``): what MT-Bench's second turn follows."""
+
+    def answer(chats: list[Messages]) -> list[str]:
+        ids = render_prompts(tokenizer, chats)
+        replies = []
+        for start in range(0, len(ids), settings.batch_size):
+            result = plain_generate(
+                model, ids[start : start + settings.batch_size], settings.max_new_tokens, 0.0, 1.0, stop
+            )
+            replies += [tokenizer.decode(tokens, skip_special_tokens=True) for tokens in result.tokens]
+        return replies
+
+    return answer
 
 
 CARD_RECIPE_ROW = re.compile(r"^\| recipe \| `(?P<name>[^`]+)` \|$", re.M)
@@ -293,6 +349,7 @@ def draft_identity(source: Path | None, draft_dir: Path | None, draft: DraftMode
 def describe(inputs: EvalInputs, prompt_source: str, settings: EvalSettings, device: str) -> dict[str, Any]:
     """The results' header: what was evaluated, on which prompts, with which settings, and how it is counted."""
     prompts = inputs.token_prompts
+    names = list(dict.fromkeys(label.suite for label in inputs.labels))
     return {
         "draft": str(inputs.draft_dir) if inputs.draft_dir else "in-memory",
         "draft_name": inputs.identity.get("name") or "in-memory draft",
@@ -306,6 +363,8 @@ def describe(inputs: EvalInputs, prompt_source: str, settings: EvalSettings, dev
             "shortened_to_fit": inputs.cut["shortened"],
             "skipped_too_long": inputs.cut["skipped"],
             "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts),
+            "suites": {name: sum(label.suite == name for label in inputs.labels) for name in names},
+            "suite_provenance": suite_provenance(names),
         },
         "settings": {
             **asdict(settings),
@@ -321,7 +380,10 @@ def describe(inputs: EvalInputs, prompt_source: str, settings: EvalSettings, dev
         "aggregation": "acceptance_length_global = tokens from verify steps / verify steps (vLLM's mean acceptance "
         "length); acceptance_length_per_sample_mean = the same ratio per prompt, averaged over prompts; "
         "per_position_acceptance_conditional[j] = P(draft j+1 accepted | drafts 1..j accepted); "
-        "per_position_acceptance_unconditional[j] = accepted at j+1 / verify steps (vLLM's per-position rate)",
+        "per_position_acceptance_unconditional[j] = accepted at j+1 / verify steps (vLLM's per-position rate); "
+        "tokens_per_verify_step = output tokens / (verify steps + prefill). Every figure is computed from "
+        f"{REQUESTS_NAME} (one row per request and engine run); per-category and per-prompt-length views leave "
+        "tokens/s out (a batch can span categories); oracle = the verifier's own greedy continuation as the draft",
     }
 
 
@@ -336,7 +398,7 @@ def decode_plain(
     """The baseline without a draft (``results["plain"]``), or None when ``settings.compare_plain`` is off."""
     if not settings.compare_plain:
         return None
-    tokens, stats = _run_batches(
+    tokens, rows = decode_rows(
         lambda batch: plain_generate(
             inputs.model,
             batch,
@@ -347,11 +409,38 @@ def decode_plain(
             _generator(inputs, settings),
         ),
         inputs.token_prompts,
+        inputs.labels,
+        RunSpec("plain", "plain", "plain", 0, 0),
         settings.batch_size,
-        "plain",
+        inputs.log,
     )
-    results["plain"] = stats.summary()
+    results["plain"] = as_stats(rows).summary()
     return tokens
+
+
+def run_spec(name: str, config: DecodingConfig, engine: str = "ours") -> RunSpec:
+    drafted = config.num_speculative_tokens if config.method == "chain" else config.tree_budget
+    return RunSpec(engine, name, config.method, config.max_depth, drafted)
+
+
+def decode_config(
+    inputs: EvalInputs,
+    settings: EvalSettings,
+    spec: RunSpec,
+    config: DecodingConfig,
+    concurrency: int,
+    drafter_factory: Callable[..., Any] | None = None,
+) -> tuple[list[list[int]], list[Request]]:
+    """One decoding configuration through our engine over every prompt, recorded in the request table."""
+    decoder = SpeculativeDecoder(inputs.model, inputs.draft, config, drafter_factory=drafter_factory)
+    return decode_rows(
+        lambda batch: decoder.generate(batch, inputs.stop, _generator(inputs, settings)),
+        inputs.token_prompts,
+        inputs.labels,
+        spec,
+        concurrency,
+        inputs.log,
+    )
 
 
 def decode_drafts(
@@ -360,17 +449,12 @@ def decode_drafts(
     results: dict[str, Any],
     plain_tokens: list[list[int]] | None,
 ) -> dict[str, list[list[int]]]:
-    """Every configured chain/tree through our engine (``results["runs"]``); returns each run's outputs."""
+    """Every configured chain/tree through our engine (``results["runs"]``, summaries of the request table);
+    returns each run's outputs."""
     runs, outputs = [], {}
     for name, config in settings.configs():
-        decoder = SpeculativeDecoder(inputs.model, inputs.draft, config)
-        tokens, stats = _run_batches(
-            lambda batch, d=decoder: d.generate(batch, inputs.stop, _generator(inputs, settings)),
-            inputs.token_prompts,
-            settings.batch_size,
-            name,
-        )
-        run = {"name": name, "method": config.method, "k": config.max_depth, **stats.summary()}
+        tokens, rows = decode_config(inputs, settings, run_spec(name, config), config, settings.batch_size)
+        run = {"name": name, "method": config.method, "k": config.max_depth, **as_stats(rows).summary()}
         if plain_tokens is not None:
             run["speedup"] = run["tokens_per_s"] / results["plain"]["tokens_per_s"]
             if settings.temperature <= 0:
@@ -380,6 +464,87 @@ def decode_drafts(
         outputs[name] = tokens
     results["runs"] = runs
     return outputs
+
+
+def chain_configs(settings: EvalSettings) -> list[tuple[str, DecodingConfig]]:
+    return [(name, config) for name, config in settings.configs() if config.method == "chain"]
+
+
+def decode_oracle(
+    inputs: EvalInputs, settings: EvalSettings, results: dict[str, Any], plain_tokens: list[list[int]] | None
+) -> None:
+    """The ceiling (``results["oracle"]``): the verifier's own greedy continuation drafted at each chain k, and each
+    chain run's share of it (``run["vs_oracle"]``). Greedy only: a sampled run has no single continuation."""
+    from speculators.decoding.oracle import full_steps, oracle_factory
+
+    if not settings.oracle or not chain_configs(settings):
+        return
+    if settings.temperature > 0:
+        results["oracle"] = {
+            "skipped": "the oracle replays the greedy continuation; run with --temperature 0"
+        }
+        return
+    if plain_tokens is None:  # the continuations to replay, decoded without recording (no baseline was asked)
+        plain_tokens = [
+            tokens
+            for start in range(0, len(inputs.token_prompts), settings.batch_size)
+            for tokens in plain_generate(
+                inputs.model,
+                inputs.token_prompts[start : start + settings.batch_size],
+                settings.max_new_tokens,
+                eos_token_ids=inputs.stop,
+            ).tokens
+        ]
+    continuations = {tuple(p): t for p, t in zip(inputs.token_prompts, plain_tokens, strict=True)}
+    oracle_runs = []
+    for name, config in chain_configs(settings):
+        k = config.num_speculative_tokens
+        spec = RunSpec("oracle", f"oracle-k{k}", "chain", k, k)
+        _, rows = decode_config(
+            inputs, settings, spec, config, settings.batch_size, oracle_factory(continuations)
+        )
+        full = [
+            (is_full, accepted)
+            for row in rows
+            for is_full, accepted in zip(
+                full_steps(continuations[tuple(inputs.token_prompts[row.request])], row.accepted_per_step, k),
+                row.accepted_per_step,
+                strict=True,
+            )
+            if is_full
+        ]
+        oracle = {"name": spec.run, "k": k, **as_stats(rows).summary(), "full_steps": len(full)}
+        oracle["full_steps_accepting_all"] = sum(accepted == k for _, accepted in full)
+        oracle_runs.append(oracle)
+        for run in results["runs"]:
+            if run["name"] == name:
+                run["vs_oracle"] = vs_oracle(run, oracle)
+    results["oracle"] = {"runs": oracle_runs}
+
+
+def vs_oracle(run: dict[str, Any], oracle: dict[str, Any]) -> dict[str, Any]:
+    """A run against the ceiling at its k: its tokens/s and acceptance length as fractions of the oracle's."""
+
+    def share(key: str) -> float | None:
+        mine, best = run.get(key), oracle.get(key)
+        return mine / best if mine is not None and best else None
+
+    return {
+        "oracle_tokens_per_s": oracle.get("tokens_per_s"),
+        "tokens_per_s_share": share("tokens_per_s"),
+        "acceptance_length_share": share("acceptance_length_global"),
+    }
+
+
+def sweep_concurrency(inputs: EvalInputs, settings: EvalSettings) -> None:
+    """The k x concurrency sweep: each chain k again at every other concurrency of ``settings.concurrencies``
+    (runs ``chain-k<k>@c<c>``, in the request table only; ``reports["k_sweep"]`` reads them)."""
+    for concurrency in settings.concurrencies or []:
+        if concurrency == settings.batch_size:
+            continue  # the main runs are this point of the sweep
+        for name, config in chain_configs(settings):
+            spec = run_spec(f"{name}@c{concurrency}", config)
+            decode_config(inputs, settings, spec, config, concurrency)
 
 
 def cross_check_vllm(
@@ -398,9 +563,19 @@ def cross_check_vllm(
         if isinstance(theirs, dict) and theirs.get("acceptance_length"):
             theirs["ours_acceptance_length"] = run["acceptance_length_global"]
             theirs["difference"] = run["acceptance_length_global"] - theirs["acceptance_length"]
+            check_per_request(inputs, run, theirs)
             same = [a == b for a, b in zip(theirs.pop("token_ids"), outputs[run["name"]], strict=True)]
             theirs["outputs_identical_to_ours"] = sum(same) / len(same)
     return vllm
+
+
+def check_per_request(inputs: EvalInputs, run: dict[str, Any], theirs: dict[str, Any]) -> None:
+    """vLLM's own per-request counters as rows of the request table (engine ``vllm``), compared request by request
+    with our engine's rows of the same run: the same verify steps with the same accepted drafts."""
+    spec = RunSpec("vllm", run["name"], "chain", run["k"], run["k"])
+    rows = vllm_rows(theirs, spec, inputs.token_prompts, inputs.labels, inputs.log)
+    theirs.update(compare_requests(inputs.log.of_run("ours", run["name"]), rows))
+    theirs.pop("requests", None)  # in the table now
 
 
 def vllm_or_its_failure(
@@ -515,6 +690,7 @@ def _vllm_runs(
             max_model_len=max_model_len,
             warmup=True,  # first-call compilation and allocation stay out of both tokens/s figures
             name=name,
+            per_request_spec_decode_metrics="detailed" if speculative_config else "none",
         )
         for name, speculative_config in baseline + chains
     ]
@@ -529,20 +705,25 @@ def _vllm_runs(
             "generated_tokens": result.num_generated_tokens,
             "vllm_version": result.vllm_version,
             "token_ids": result.token_ids,
+            "wall_seconds": result.wall_seconds,
+            "requests": result.raw.get("requests"),
         }
     plain = out.get("plain")
     if plain is not None:
-        del plain["token_ids"]
+        del plain["token_ids"], plain["requests"]
         for name, _ in chains:
             if plain["tokens_per_s"]:
                 out[name]["speedup_vs_vllm_plain"] = out[name]["tokens_per_s"] / plain["tokens_per_s"]
     return out
 
 
-def write_results(results: dict[str, Any], output_dir: Path) -> None:
-    """``results.json`` (atomically: a temp file renamed into place) and the acceptance plot."""
+def write_results(results: dict[str, Any], output_dir: Path, rows: list[Request] | None = None) -> None:
+    """``requests.jsonl`` (the request table, when given), ``results.json`` (computed from it) and the acceptance
+    plot, each written atomically (a temp file renamed into place)."""
     from speculators.eval.plot import plot_acceptance
 
+    if rows is not None:
+        write_requests(rows, output_dir / REQUESTS_NAME)
     atomic_write_json(output_dir / RESULTS_NAME, results, indent=2)
     plot_acceptance(results, output_dir / PLOT_NAME)
 
@@ -565,6 +746,12 @@ def format_table(results: dict[str, Any]) -> str:
         if "matches_plain" in run:
             line += f"  identical to plain {run['matches_plain']:.0%}"
         lines.append(line)
+    lines += suite_lines(results)
+    for oracle in (results.get("oracle") or {}).get("runs", []):
+        lines.append(
+            f"  oracle {oracle['name']:<17} {oracle['tokens_per_s']:8.1f} tok/s  AL {oracle['acceptance_length_global']:.3f}"
+            f"  (full steps accepting all k: {oracle['full_steps_accepting_all']}/{oracle['full_steps']})"
+        )
     dtype = (results.get("precision") or {}).get("dtype")
     if dtype and dtype != "float32" and any(run.get("matches_plain", 1.0) < 1.0 for run in results["runs"]):
         lines.append(
@@ -585,6 +772,17 @@ def format_table(results: dict[str, Any]) -> str:
     if failed := consumer_failure(results):
         lines.append(f"  vLLM failed: {failed}")
     return "\n".join(lines)
+
+
+def suite_lines(results: dict[str, Any]) -> list[str]:
+    """Per suite and category of our engine's runs: acceptance length (the table's reports)."""
+    lines = []
+    for name, report in ((results.get("reports") or {}).get("runs") or {}).items():
+        if not name.startswith("ours/") or len(report["per_suite"]) + len(report["per_category"]) <= 2:
+            continue  # one suite of one category: the run's line says it all
+        parts = [f"{s} {r['acceptance_length_global']:.2f}" for s, r in report["per_category"].items()]
+        lines.append(f"  {name[5:]:<24} AL per category: " + ", ".join(parts))
+    return lines
 
 
 def consumer_failure(results: dict[str, Any]) -> str | None:

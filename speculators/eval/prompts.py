@@ -119,6 +119,19 @@ def render_prompts(tokenizer: Any, prompts: list[Messages]) -> list[list[int]]:
     return rendered
 
 
+def fit_chat(
+    tokenizer: Any, chat: Messages, max_prompt_tokens: int | None, shorten: bool = True
+) -> tuple[list[int], Messages] | None:
+    """``(ids, chat)`` of ``chat`` cut back to its latest user turn whose rendering fits ``max_prompt_tokens``
+    (only the whole chat with ``shorten=False``: a benchmark turn must not turn into another one), or None."""
+    ends = [i + 1 for i, m in enumerate(chat) if m["role"] == "user"][::-1]  # longest prefix first
+    for end in ends if shorten else ends[:1]:
+        ids = render_prompts(tokenizer, [chat[:end]])[0]
+        if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
+            return ids, chat[:end]
+    return None
+
+
 def select_prompts(
     tokenizer: Any, conversations: list[Messages], max_prompt_tokens: int | None, limit: int | None
 ) -> tuple[list[list[int]], list[Messages], dict[str, int]]:
@@ -132,16 +145,13 @@ def select_prompts(
     for chat in conversations:
         if limit and len(chats_kept) >= limit:
             break
-        ends = [i + 1 for i, m in enumerate(chat) if m["role"] == "user"][::-1]  # longest prefix first
-        for end in ends:
-            ids = render_prompts(tokenizer, [chat[:end]])[0]
-            if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
-                ids_kept.append(ids)
-                chats_kept.append(chat[:end])
-                counts["shortened"] += end != len(chat)
-                break
-        else:
+        fitted = fit_chat(tokenizer, chat, max_prompt_tokens)
+        if fitted is None:
             counts["skipped"] += 1
+            continue
+        ids_kept.append(fitted[0])
+        chats_kept.append(fitted[1])
+        counts["shortened"] += len(fitted[1]) != len(chat)
     if not chats_kept:
         raise ValueError(
             f"none of the {len(conversations)} prompts fits {max_prompt_tokens} tokens, even cut to its first user "

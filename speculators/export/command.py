@@ -56,6 +56,14 @@ def _add_export(subparsers: argparse._SubParsersAction) -> None:
         help="results.json of `speculators eval` to show in the model card (e.g. evaluate an export, then export "
         "again with its results); one inside the run directory is found without this",
     )
+    parser.add_argument(
+        "--k-from-eval",
+        help="results.json of `speculators eval -k ... --concurrency ...`: speculative_tokens becomes the k with the "
+        "most tokens/s at --serve-concurrency, and the model card shows the sweep",
+    )
+    parser.add_argument(
+        "--serve-concurrency", type=int, default=1, help="concurrency the k is chosen for (default 1)"
+    )
     parser.set_defaults(func=run_export)
 
 
@@ -144,6 +152,8 @@ def run_export(args: argparse.Namespace) -> int:
             verifier_name=args.verifier_name,
             model_card=not args.no_model_card,
             eval_results=args.eval_results,
+            k_from_eval=args.k_from_eval,
+            serve_concurrency=args.serve_concurrency,
         )
     )
     if result is not None:

@@ -18,6 +18,8 @@ from speculators.export.model_card import (
     CardInfo,
     add_eval_results,
     find_eval_artifacts,
+    k_from_sweep,
+    k_sweep_table,
     read_eval_results,
     render_model_card,
     training_summary,
@@ -26,7 +28,7 @@ from speculators.export.model_card import (
 from speculators.export.sources import read_config
 from speculators.export.tensors import ascending_aux_layers, detect_prefix, standard_tensors, unprefixed
 from speculators.export.writer import write_validated
-from speculators.format.config import Eagle3Config, ProposalMethod, VerifierRef
+from speculators.format.config import ProposalMethod, VerifierRef
 from speculators.format.validate import Finding
 from speculators.runs import TrainerCheckpoint, list_checkpoints, locate_checkpoint, recipe_value
 from speculators.verifier import embedded_weights_note, resolve_dtype, resolve_verifier_path
@@ -72,6 +74,8 @@ def export_checkpoint(
     verifier_name: str | None = None,
     model_card: bool = True,
     eval_results: str | Path | None = None,
+    k_from_eval: str | Path | None = None,
+    serve_concurrency: int = 1,
 ) -> ExportResult:
     """Export the checkpoint ``source`` means (run dir → best, else latest) to ``out_dir``.
 
@@ -79,7 +83,9 @@ def export_checkpoint(
     ``verifier_name`` is written as ``verifier.name_or_path`` instead of the resolved local path (e.g. a hub id
     for publishing). ``speculative_tokens`` overrides the recipe's ``export.speculative_tokens``.
     ``eval_results``: a ``results.json`` of ``speculators eval`` (e.g. of a previous export of this draft) whose
-    measurements the model card shows; one inside the run directory is found without it.
+    measurements the model card shows; one inside the run directory is found without it. ``k_from_eval``: a
+    ``results.json`` of ``speculators eval --concurrency ...`` whose k x concurrency sweep chooses
+    ``speculative_tokens`` (the fastest k at ``serve_concurrency``); the card shows the sweep.
     """
     if dtype not in EXPORT_DTYPES:
         raise ValueError(
@@ -87,6 +93,15 @@ def export_checkpoint(
         )
     if model_card and eval_results is not None:
         read_eval_results(eval_results)  # a mistyped --eval-results fails before any weight is converted
+    sweep = None
+    if k_from_eval is not None:
+        measured, sweep = k_from_sweep(k_from_eval, serve_concurrency)
+        if speculative_tokens is not None and speculative_tokens != measured:
+            raise ValueError(
+                f"--speculative-tokens {speculative_tokens} and --k-from-eval (k={measured} at concurrency "
+                f"{serve_concurrency}) disagree; give one of them"
+            )
+        speculative_tokens = measured
     checkpoint = locate_checkpoint(source)
     draft_config, tensors = read_trainer_weights(checkpoint)
     verifier_ref = (
@@ -122,6 +137,8 @@ def export_checkpoint(
         validation_artifacts(checkpoint.run_dir, checkpoint.step, evals)
         if eval_results is not None:
             add_eval_results(evals, eval_results)
+        if sweep is not None:
+            evals.tables.append(k_sweep_table(sweep, serve_concurrency, str(k_from_eval)))
         card = CardInfo(
             config=config_dict,
             verifier_ref=str(verifier_ref),
@@ -172,29 +189,17 @@ def infer_draft_config(
     verifier_path: str,
     recipe: dict[str, Any],
 ) -> dict[str, Any]:
-    """A draft config rebuilt from the verifier, the recipe and the tensor shapes, for ZeRO shards saved without
-    any draft config: draft vocab from ``lm_head``, layer count from ``layers.N``, optional norms from their
-    weights, aux ids and ``norm_before_residual`` from the recipe (defaults: vLLM's ids, True)."""
+    """A draft config rebuilt for ZeRO shards saved without any: the run's recorded ``train.algorithm`` names the
+    unit, which rebuilds it from the verifier, the recipe and the tensors (``Algorithm.config_from_weights``)."""
     names = unprefixed(tensors, "ZeRO state") if detect_prefix(list(tensors)) else tensors
-    if "hidden_norm.weight" in names:  # a block drafter's top-level norm of the context features
+    unit = algorithms.trained_by(str(recipe_value(recipe, "train.algorithm", "eagle3")))
+    if unit.config_from_weights is None:
         raise ValueError(
-            "the ZeRO shards hold a block drafter (DFlash family: top-level hidden_norm) and no checkpoint of the run "
-            "has a draft/config.json to take its config from; export a checkpoint step that has draft/"
+            f"the ZeRO shards hold a {unit.display_name or unit.name} draft, whose config cannot be rebuilt from its "
+            "weights, and no checkpoint of the run has a draft/config.json to take it from; export a checkpoint step "
+            "that has draft/"
         )
-    layers = {int(n.split(".")[1]) for n in names if n.startswith("layers.")}
-    config = Eagle3Config.from_verifier(
-        verifier_config,
-        verifier_path,
-        draft_vocab_size=int(names["lm_head.weight"].shape[0]),
-        aux_layer_ids=recipe_value(recipe, "verifier.aux_layer_ids"),
-        num_layers=max(layers) + 1 if layers else 1,
-        layer_type="qwen3" if "layers.0.self_attn.q_norm.weight" in names else "llama",
-        norm_before_residual=bool(recipe_value(recipe, "model.norm_before_residual", True)),
-    )
-    config.norm_before_fc = "input_norm.weight" in names
-    config.fc_norm = "fc_norm.0.weight" in names
-    config.norm_output = bool(recipe_value(recipe, "model.norm_output", False))
-    return config.to_dict()
+    return unit.config_from_weights(names, verifier_config, verifier_path, recipe)
 
 
 def describe_source(checkpoint: TrainerCheckpoint) -> str:

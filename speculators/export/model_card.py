@@ -175,6 +175,40 @@ def add_eval_results(evals: EvalArtifacts, path: str | Path) -> None:
         evals.plots[name] = plot
 
 
+def k_from_sweep(path: str | Path, concurrency: int = 1) -> tuple[int, dict[str, Any]]:
+    """The k to serve: the one with the most tokens/s at ``concurrency`` in the k x concurrency sweep of a
+    ``speculators eval --concurrency ...`` results.json (``reports.k_sweep``), and the sweep itself."""
+    data = read_eval_results(path)
+    sweep = (data.get("reports") or {}).get("k_sweep") or {}
+    best = sweep.get("best_k") or {}
+    if str(concurrency) not in best:
+        raise ValueError(
+            f"--k-from-eval {path}: no k sweep at concurrency {concurrency} (measured at {sorted(best) or 'none'}); "
+            f"run `speculators eval DRAFT -k 1 2 3 4 --concurrency {concurrency} ...` and pass its results.json"
+        )
+    return int(best[str(concurrency)]), sweep
+
+
+def k_sweep_table(sweep: dict[str, Any], concurrency: int, origin: str) -> tuple[str, str]:
+    """The model card's account of how ``speculative_tokens`` was chosen: every (concurrency, k) point measured."""
+    chosen = int(sweep["best_k"][str(concurrency)])
+    rows = [
+        {
+            "concurrency": point["concurrency"],
+            "k": point["k"],
+            "tokens/s": point.get("tokens_per_s"),
+            "acceptance length": point.get("acceptance_length"),
+            "chosen": "**served**" if (point["concurrency"], point["k"]) == (concurrency, chosen) else "",
+        }
+        for point in sweep.get("points", [])
+    ]
+    title = (
+        f"`speculative_tokens` = {chosen}: the k with the most tokens/s at concurrency {concurrency} in the k x "
+        f"concurrency sweep of `speculators eval` (`{public_path(origin)}`, our engine, the same prompts at each point):"
+    )
+    return title, markdown_table(rows)
+
+
 def is_eval_results(data: Any) -> bool:
     """Whether ``data`` has the layout ``speculators eval`` writes (``runs`` of measured decoding runs)."""
     runs = data.get("runs") if isinstance(data, dict) else None
@@ -346,7 +380,7 @@ def render_model_card(info: CardInfo) -> str:
     kind = algorithm_display_name(config)
     method = unit.vllm_method if unit is not None else "eagle3"
     aux_key = unit.aux_layer_key if unit is not None else "eagle_aux_hidden_state_layer_ids"
-    own_keys = ("norm_before_residual", "block_size", "mask_token_id", "sliding_window_non_causal")
+    own_keys = unit.card_keys if unit is not None else ()
     parts = [
         f"# {card_title(info)}",
         "",
