@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
+from speculators import draft_layer_types
+
 POSITION_WEIGHTINGS = ("exp_decay", "dpace")
 DATA_MODES = ("offline", "online", "stream", "cache-first-epoch")  # train.features.open_features
 ATTENTION_BACKENDS = ("auto", "chunked", "flex", "dense")  # train.ttt_attention.BACKENDS (a test compares)
@@ -31,7 +33,6 @@ MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw")
 FC_INITS = ("default", "feature_rms")
 WARM_STARTS = ("none", "top_layer")
 LOSS_POSITIONS = ("assistant", "all")
-LAYER_TYPES = ("llama", "qwen3")
 WANDB_MODES = ("online", "offline", "disabled")
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -90,7 +91,7 @@ class ModelSettings:
         found += _at_least("model.sliding_window", self.sliding_window, 1)
         found += _choice("model.fc_init", self.fc_init, FC_INITS)
         if self.layer_type is not None:
-            found += _choice("model.layer_type", self.layer_type, LAYER_TYPES)
+            found += _choice("model.layer_type", self.layer_type, draft_layer_types.names())
         return found
 
 

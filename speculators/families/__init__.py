@@ -37,9 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from speculators import draft_layer_types
 from speculators.unit_modules import import_unit_modules
-
-DRAFT_LAYER_TYPES = ("llama", "qwen3")  # what vLLM's speculators loader maps to an EAGLE-3 draft class
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ class Family:
     model_type: str  # the HF model_type of the verifier's config.json
     display_name: str
     reference_config: str  # shipped config.json, relative to recipes/verifiers/ (config only, no weights)
-    draft_layer_type: str  # "llama" or "qwen3": the decoder layer vLLM builds for this family's EAGLE-3 draft
+    draft_layer_type: str  # the decoder layer vLLM builds for its drafts (speculators.draft_layer_types)
     chat: ChatFormat
     aliases: tuple[str, ...] = ()  # other model_types read the same way (a text-only variant)
     text_config_key: str | None = None  # the sub-config holding the text settings ("text_config")
@@ -134,8 +133,6 @@ class Family:
 
     def default_aux_layer_ids(self, config: dict[str, Any]) -> list[int]:
         """vLLM's default ids for this verifier (``get_eagle3_default_aux_hidden_state_layers``)."""
-        from speculators.format.config import default_aux_layer_ids
-
         return default_aux_layer_ids(self.num_layers(config))
 
     # ---- the loaded model --------------------------------------------------------------------------------
@@ -216,6 +213,20 @@ class Family:
         return out
 
 
+def default_aux_layer_ids(num_verifier_layers: int) -> list[int]:
+    """vLLM's default EAGLE-3 aux ids for an L-layer verifier: ``[2, L//2, L-3]``. A fact of the verifier (its
+    depth), so it lives with the families, below the draft format that records the ids.
+
+    For very shallow (test) verifiers that formula repeats an id (L=6 gives [2, 3, 3]); vLLM de-duplicates the ids
+    and the fc input would then be too narrow, so such verifiers get the distinct ``[1, L//2, L-1]`` instead.
+    """
+    n = num_verifier_layers
+    if n < 4:
+        raise ValueError(f"a verifier with {n} layers is too shallow for three distinct aux layers")
+    ids = [2, n // 2, n - 3]
+    return ids if ids[0] < ids[1] < ids[2] else [1, n // 2, n - 1]
+
+
 def sqrt_hidden(text: dict[str, Any]) -> float:
     """Gemma's embedding scale: the embedding is multiplied by sqrt(hidden_size) (in the weights' dtype)."""
     return math.sqrt(float(text["hidden_size"]))
@@ -225,10 +236,10 @@ _REGISTRY: dict[str, Family] = {}
 
 
 def register(family: Family) -> Family:
-    if family.draft_layer_type not in DRAFT_LAYER_TYPES:
+    if not draft_layer_types.is_known(family.draft_layer_type):
         raise ValueError(
             f"family {family.model_type!r}: draft layer type {family.draft_layer_type!r} is not one vLLM builds "
-            f"({DRAFT_LAYER_TYPES})"
+            f"({draft_layer_types.names()})"
         )
     for key in (family.model_type, *family.aliases):
         if key in _REGISTRY:
@@ -305,6 +316,7 @@ def of_model(model: nn.Module) -> Family:
 __all__ = [
     "ChatFormat",
     "Family",
+    "default_aux_layer_ids",
     "flat_config",
     "get",
     "is_declared",

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from speculators import __version__, families
+from speculators import __version__, draft_layer_types, families
+from speculators.families import default_aux_layer_ids  # noqa: F401  (re-exported: the ids a config records)
 from speculators.format.checkpoint import read_config
 
 # Keys of the verifier's HF config that the draft layer must copy so that positions are encoded identically.
@@ -34,7 +35,6 @@ LAYER_KEYS_FROM_VERIFIER = (
     "eos_token_id",
     "pad_token_id",
 )
-SUPPORTED_LAYER_TYPES = families.DRAFT_LAYER_TYPES  # what vLLM's speculators loader builds
 # transformer_layer_config.layer_types entries, as vLLM's EAGLE-3 draft layers read them (llama.py / qwen3_eagle3.py:
 # draft layer i is windowed iff layer_types[i] == "sliding_attention", with transformer_layer_config.sliding_window)
 SLIDING = "sliding_attention"
@@ -268,10 +268,7 @@ class Eagle3Config(DraftConfig):
 def draft_layer_config(verifier_config: dict[str, Any], layer_type: str, num_layers: int) -> dict[str, Any]:
     """``transformer_layer_config`` for a draft of ``num_layers`` layers: shape, heads and rope copied from the
     verifier's HF config dict, so positions are encoded as the verifier encodes them (every draft type uses it)."""
-    if layer_type not in SUPPORTED_LAYER_TYPES:
-        raise ValueError(
-            f"draft layer type {layer_type!r} is not servable; use one of {SUPPORTED_LAYER_TYPES}"
-        )
+    draft_layer_types.get(layer_type)  # a clear error for a type vLLM does not build
     source = families.of_config(verifier_config).layer_source(verifier_config)
     layer = {k: source[k] for k in LAYER_KEYS_FROM_VERIFIER if source.get(k) is not None}
     layer.update(rope_settings(source))
@@ -293,19 +290,6 @@ def window_layout(window: int, num_layers: int) -> dict[str, Any]:
         "sliding_window": int(window),
         "use_sliding_window": True,
     }
-
-
-def default_aux_layer_ids(num_verifier_layers: int) -> list[int]:
-    """vLLM's default EAGLE-3 aux ids for an L-layer verifier: ``[2, L//2, L-3]``.
-
-    For very shallow (test) verifiers that formula repeats an id (L=6 gives [2, 3, 3]); vLLM de-duplicates the ids
-    and the fc input would then be too narrow, so such verifiers get the distinct ``[1, L//2, L-1]`` instead.
-    """
-    n = num_verifier_layers
-    if n < 4:
-        raise ValueError(f"a verifier with {n} layers is too shallow for three distinct aux layers")
-    ids = [2, n // 2, n - 3]
-    return ids if ids[0] < ids[1] < ids[2] else [1, n // 2, n - 1]
 
 
 @dataclass

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from speculators import __version__, families
+from speculators.draft_layer_types import BLOCK_DRAFTER
 from speculators.format.config import (
     SLIDING,
     DraftConfig,
@@ -114,7 +115,7 @@ class DFlashConfig(DraftConfig):
             raise ValueError(
                 f"block_size {block_size}: a block needs the anchor slot and at least one draft slot"
             )
-        layer = draft_layer_config(verifier_config, "qwen3", num_layers)
+        layer = draft_layer_config(verifier_config, BLOCK_DRAFTER.name, num_layers)
         if not 0 <= int(mask_token_id) < int(layer["vocab_size"]):
             raise ValueError(
                 f"mask_token_id {mask_token_id} is outside the verifier vocabulary ({layer['vocab_size']})"

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from speculators import families
+from speculators import draft_layer_types, families
 from speculators.format.checkpoint import load_tensors, weight_files
-from speculators.format.config import SUPPORTED_LAYER_TYPES, verifier_name_or_path
+from speculators.format.config import verifier_name_or_path
 
 # types vLLM serves that no unit of this project declares (vLLM 0.32 maps dflash2 to its dflash method): their shared
 # keys are checked, their own keys and tensors are not (a warning says so)
@@ -138,11 +138,11 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
         if layer_type is None:
             yield error(
                 "transformer_layer_config.model_type is missing: vLLM needs it and the speculators library "
-                f"assumes qwen3; write one of {SUPPORTED_LAYER_TYPES}"
+                f"assumes qwen3; write one of {draft_layer_types.names()}"
             )
-        elif layer_type not in SUPPORTED_LAYER_TYPES:
+        elif not draft_layer_types.is_known(layer_type):
             yield error(
-                f"transformer_layer_config.model_type {layer_type!r} is not one of {SUPPORTED_LAYER_TYPES}"
+                f"transformer_layer_config.model_type {layer_type!r} is not one of {draft_layer_types.names()}"
             )
         for key in REQUIRED_LAYER_KEYS:
             if key not in layer:
@@ -421,7 +421,7 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes["input_norm.weight"] = (n_aux * verifier_hidden,)
     if config.get("fc_norm"):
         shapes.update({f"fc_norm.{i}.weight": (verifier_hidden,) for i in range(n_aux)})
-    qk_norm = layer.get("model_type") == "qwen3"
+    qk_norm = draft_layer_types.has_qk_norm(layer.get("model_type"))
     for i in range(layer.get("num_hidden_layers", 1)):
         width = 2 * hidden if i == 0 else hidden  # layer 0 attends over concat(embeds, hidden)
         shapes.update(decoder_layer_shapes(layer, f"layers.{i}.", width, qk_norm))
@@ -434,7 +434,7 @@ def decoder_layer_shapes(
     layer: dict[str, Any], prefix: str, width: int, qk_norm: bool
 ) -> dict[str, tuple[int, ...]]:
     """One draft decoder layer's tensors (every draft type's): q/k/v read ``width`` features, per-head q/k norms
-    when ``qk_norm`` (Qwen3), biases when ``attention_bias``."""
+    when ``qk_norm`` (:mod:`speculators.draft_layer_types`), biases when ``attention_bias``."""
     hidden, heads = layer["hidden_size"], layer["num_attention_heads"]
     kv_heads = layer.get("num_key_value_heads", heads)
     head_dim = layer.get("head_dim") or hidden // heads

@@ -22,6 +22,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from speculators import draft_layer_types
 from speculators.format.config import Eagle3Config
 from speculators.models.draft import DraftModel
 from speculators.models.layers import (
@@ -75,10 +76,7 @@ class Eagle3DraftModel(DraftModel):
 
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__()
-        if config.layer_type not in ("llama", "qwen3"):
-            raise ValueError(
-                f"transformer_layer_config.model_type {config.layer_type!r}: use 'llama' or 'qwen3'"
-            )
+        layer_type = draft_layer_types.get(config.layer_type)  # a clear error for a type vLLM does not build
         self.config = config
         cfg = hf_layer_config(config)
         hidden, vocab, n_aux = (
@@ -96,9 +94,9 @@ class Eagle3DraftModel(DraftModel):
                 LlamaRMSNorm(verifier_hidden, eps=cfg.rms_norm_eps) for _ in range(n_aux)
             )
         self.fc = nn.Linear(n_aux * verifier_hidden, hidden, bias=False)
-        qk_norm = config.layer_type == "qwen3"
         self.layers = nn.ModuleList(
-            Eagle3DecoderLayer(cfg, i, config.norm_before_residual, qk_norm) for i in range(config.num_layers)
+            Eagle3DecoderLayer(cfg, i, config.norm_before_residual, layer_type.qk_norm)
+            for i in range(config.num_layers)
         )
         self.norm = LlamaRMSNorm(hidden, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from data_gen.capture import FeatureCapture
-from speculators import families
+from speculators import draft_layer_types, families
 from speculators.format.config import Eagle3Config
 from speculators.verifier import load_verifier, verifier_config_dict
 from tests.support.families import TINY_FAMILIES
@@ -27,7 +27,7 @@ def test_registry_and_shipped_configs():
         shipped = shipped_config(family)
         assert shipped["model_type"] == name
         assert family.num_layers(shipped) == int(family.text_config(shipped)["num_hidden_layers"])
-        assert family.draft_layer_type in families.DRAFT_LAYER_TYPES
+        assert draft_layer_types.is_known(family.draft_layer_type)
     assert families.get("gemma4_text") is families.get("gemma4")
     undeclared = families.of_config({"model_type": "phi3"})
     assert not undeclared.declared and undeclared.stack_path == ("model",)
