@@ -87,6 +87,8 @@ class VllmRequest:
     hidden_states_layer_ids: list[int] | None = None
     hidden_states_dir: str | None = None
     tensor_parallel_size: int = 1  # GPUs of one engine (CUDA only)
+    # vLLM's per-request counters ("summary" or "detailed": per verify step), in VllmResult.raw["requests"]
+    per_request_spec_decode_metrics: str = "none"
 
     def to_job(self, placement: VllmPlacement | None = None) -> dict[str, Any]:
         """The JSON job for the worker, with local paths made absolute (the worker runs in a temp directory);

@@ -8,12 +8,15 @@ reads vLLM's metrics and frees the engine, so one process (one vLLM import, ~5 s
 
 Request: ``{"jobs": [{"name", "model", "speculative_config", "prompts", "max_tokens", "temperature", "seed",
 "dtype", "ignore_eos", "max_model_len", "kv_cache_gib", "gpu_memory_utilization", "warmup", "record_drafts",
-"engine", "count_draft_forwards", "hidden_states_layer_ids", "hidden_states_dir"}, ...]}`` (``engine``: LLM
+"engine", "count_draft_forwards", "hidden_states_layer_ids", "hidden_states_dir",
+"per_request_spec_decode_metrics"}, ...]}`` (``engine``: LLM
 arguments the caller chose for its device and rank; ``count_draft_forwards``: report how often the drafter's
 model ran during the generation; ``hidden_states_layer_ids``: capture those layers of every prompt with vLLM's
 ``extract_hidden_states`` into ``hidden_states_dir`` (``vllm_hidden_states.py``), the job's result then lists the
 files); a prompt is a chat-message list (rendered with the tokenizer's chat template), a token-id list, or a plain
 string.
+``per_request_spec_decode_metrics`` ("summary"/"detailed", with a speculative config) adds each request's own
+counters to the job's result as ``requests`` (vLLM's ``RequestSpecDecodeMetrics.to_dict()``, in prompt order).
 Result: ``{"vllm_version", "device", "jobs": [...]}``, rewritten after every job so a crash keeps earlier results.
 """
 
@@ -66,6 +69,11 @@ def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
         kwargs["tokenizer"] = job["tokenizer"]
     if job.get("speculative_config"):
         kwargs["speculative_config"] = dict(job["speculative_config"])
+        # every request's own acceptance counters (per verify step with "detailed"): RequestOutput.outputs[0]
+        # .spec_decode_metrics, which vLLM refuses to collect without a speculative config
+        level = job.get("per_request_spec_decode_metrics") or "none"
+        if level != "none":
+            kwargs["per_request_spec_decode_metrics"] = level
     if job.get("hidden_states_layer_ids"):  # capture: vLLM's extract_hidden_states (vllm_hidden_states.py)
         from vllm_hidden_states import hidden_states_engine
 
@@ -281,12 +289,21 @@ def generate(llm: Any, job: dict[str, Any], engine_seconds: float) -> dict[str, 
         "spec": spec,
         "warnings": known_problems(job, k),
         "drafts": recorder.steps if recorder is not None else None,
+        "requests": [request_spec_metrics(out) for out in outputs],
     }
     if job.get("hidden_states_layer_ids"):
         from vllm_hidden_states import written_hidden_states
 
         result["hidden_states_paths"] = written_hidden_states(llm, outputs)
     return result
+
+
+def request_spec_metrics(output: Any) -> dict[str, Any] | None:
+    """One request's own speculative-decoding counters (vLLM's ``RequestSpecDecodeMetrics.to_dict()``: acceptance
+    histogram, and per verify step the accepted and drafted counts at the ``detailed`` level), or None when the job
+    did not ask for them (``per_request_spec_decode_metrics``)."""
+    metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
+    return metrics.to_dict() if metrics is not None else None
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
