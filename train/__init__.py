@@ -1,4 +1,6 @@
-"""The training stage: EAGLE-3 / HASS drafts trained with training-time test under accelerate (+ DeepSpeed ZeRO).
+"""The training stage: EAGLE-3 / HASS (training-time test), P-EAGLE, DFlash and DSpark drafts trained under
+accelerate (+ DeepSpeed ZeRO); each algorithm's objective is one module of ``objectives/`` (``ttt``,
+``parallel_eagle``, ``anchor_blocks``).
 
 Entry point: ``accelerate launch train/run.py recipe=<name>``. Modules, one concept each: ``ttt_attention`` (linear
 memory TTT attention), ``targets`` (verifier distributions from stored pre-norm states), ``losses`` (soft CE / KL,
