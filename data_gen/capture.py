@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from speculators.format.config import default_aux_layer_ids
+from speculators.families import default_aux_layer_ids
 from speculators.verifier import (
     capture_aux_states,
     check_aux_layer_ids,

@@ -30,24 +30,21 @@ from typing import Any
 
 import torch
 
-from speculators import algorithms, families
+from speculators import algorithms, draft_layer_types
+from speculators.export.conversion import align_rope, shifted_aux_ids, write_converted
+from speculators.export.convert_block import convert_block_checkpoint, detect_block_layout
 from speculators.export.exporter import EXPORT_DTYPES, load_verifier_config
-from speculators.export.model_card import CardInfo, render_model_card
 from speculators.export.sources import read_config, read_weights
-from speculators.export.tensors import ascending_aux_layers, standard_tensors, warn
-from speculators.export.writer import write_validated
+from speculators.export.tensors import warn
 from speculators.format.config import (
     LAYER_KEYS_FROM_VERIFIER,
     Eagle3Config,
     ProposalMethod,
     SpeculatorsConfig,
     VerifierRef,
-    default_aux_layer_ids,
-    rope_settings,
     verifier_name_or_path,
 )
 from speculators.format.validate import Finding
-from speculators.verifier import resolve_dtype
 
 LAYOUTS = ("eagle3-original", "specforge", "speculators", "dflash-zlab")
 AUX_CONVENTIONS = ("auto", "vllm", "output-of-layer")
@@ -84,8 +81,6 @@ class ConvertResult:
 # ---- detection ---------------------------------------------------------------------------------------------
 def detect_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str = "source") -> str:
     """One of ``LAYOUTS``; raises ``UnsupportedDraftError`` for EAGLE-1/HASS and ``ValueError`` for unknown input."""
-    from speculators.export.convert_block import detect_block_layout
-
     block = detect_block_layout(config)
     if block is not None:
         return block
@@ -121,53 +116,6 @@ def check_not_eagle1(config: dict[str, Any], tensors: dict[str, torch.Tensor], w
 
 
 # ---- pieces shared by the layouts --------------------------------------------------------------------------
-def shifted_aux_ids(
-    ids: list[int] | None, convention: str, num_verifier_layers: int, where: str
-) -> list[int]:
-    """Aux ids in vLLM's convention. ``convention`` is the SOURCE's: ``output-of-layer`` ids are one lower
-    (a layer's output is the stream entering the next) and get +1 with a warning. No ids → vLLM's default."""
-    if ids is None:
-        return default_aux_layer_ids(num_verifier_layers)
-    ids = [int(i) for i in ids]
-    if convention == "output-of-layer":
-        shifted = [i + 1 for i in ids]
-        warn(
-            f"{where}: aux layer ids {ids} are in the output-of-layer convention (SGLang/SpecForge); shifted by +1 "
-            f"to vLLM's convention (the stream entering layer k): {shifted}. Use --aux-convention vllm if they "
-            "already were."
-        )
-        ids = shifted
-    bad = [i for i in ids if not 0 <= i <= num_verifier_layers]
-    if bad:
-        raise ValueError(
-            f"{where}: aux layer ids {bad} fall outside [0, {num_verifier_layers}] for this {num_verifier_layers}-"
-            "layer verifier; check --aux-convention (the ±1 convention) and the verifier"
-        )
-    return ids
-
-
-def align_rope(layer: dict[str, Any], verifier_config: dict[str, Any], where: str) -> None:
-    """Write the verifier's rope settings into the layer config (positions must be encoded as the verifier does;
-    a dropped llama3 ``rope_scaling`` broke real Llama-3.1 drafts), warning when the source said otherwise."""
-    wanted = rope_settings(verifier_config)
-    source = {"rope_theta": layer.get("rope_theta"), "rope_scaling": layer.get("rope_scaling")}
-    if "rope_parameters" in layer and source["rope_theta"] is None:
-        source = rope_settings({"rope_parameters": layer["rope_parameters"]})
-    if source["rope_theta"] is not None and (
-        float(source["rope_theta"]) != float(wanted["rope_theta"])
-        or source["rope_scaling"] != wanted["rope_scaling"]
-    ):
-        warn(
-            f"{where}: rope settings {source} differ from the verifier's {wanted}; wrote the verifier's "
-            "(the draft must encode positions as the verifier does)"
-        )
-    layer.pop("rope_parameters", None)
-    layer.update(wanted)
-    verifier_positions = verifier_config.get("max_position_embeddings")
-    if verifier_positions and int(layer.get("max_position_embeddings") or 0) < int(verifier_positions):
-        layer["max_position_embeddings"] = int(verifier_positions)
-
-
 def layer_from_flat(
     config: dict[str, Any], vocab_size: int, verifier_config: dict[str, Any]
 ) -> dict[str, Any]:
@@ -295,7 +243,7 @@ def config_from_speculators(
         )
     if "model_type" not in layer:
         names = {n.removeprefix("model.") for n in tensors}
-        layer["model_type"] = "qwen3" if "layers.0.self_attn.q_norm.weight" in names else "llama"
+        layer["model_type"] = draft_layer_types.of_tensors(names).name
         warn(
             f"{where}: transformer_layer_config.model_type was missing (the speculators library would assume qwen3); "
             f"wrote {layer['model_type']!r}, read from the weights"
@@ -369,8 +317,6 @@ def convert_checkpoint(
             f"{where}: the {layout} layout does not name its verifier; pass --verifier (a local HF directory, a "
             "cached hub id, or smollm2)"
         )
-    from speculators.export.convert_block import convert_block_checkpoint, detect_block_layout
-
     if detect_block_layout(source_config) is not None:  # block drafters (DFlash) have converters of their own
         config_dict, findings = convert_block_checkpoint(
             src,
@@ -411,41 +357,3 @@ def convert_checkpoint(
         speculative_tokens, dtype, model_card,
     )  # fmt: skip
     return ConvertResult(out_dir=Path(out_dir), layout=layout, config=config_dict, findings=findings)
-
-
-def write_converted(
-    config: Any,
-    tensors: dict[str, torch.Tensor],
-    src: Path,
-    out_dir: str | Path,
-    layout: str,
-    verifier_ref: str | Path,
-    verifier_path: str,
-    verifier_config: dict[str, Any],
-    speculative_tokens: int | None,
-    dtype: str,
-    model_card: bool,
-) -> tuple[dict[str, Any], list[Finding]]:
-    """What every converter ends with, whatever the draft type: the served k, the dtype, the standard tensors
-    (verifier-owned ones filled), aux layers ascending, the model card, then the validated atomic write."""
-    where = str(src)
-    if speculative_tokens is not None:
-        methods = config.speculators_config.proposal_methods
-        methods[0] = ProposalMethod(**{**methods[0].__dict__, "speculative_tokens": int(speculative_tokens)})
-    config.torch_dtype = dtype
-    config_dict = config.to_dict()
-    weights = standard_tensors(
-        tensors, config_dict, resolve_dtype(dtype), verifier_dir=verifier_path, where=where
-    )
-    config_dict, weights = ascending_aux_layers(config_dict, weights, where)
-    extra = {}
-    if model_card:
-        extra["README.md"] = render_model_card(
-            CardInfo(
-                config=config_dict,
-                verifier_ref=str(verifier_ref),
-                source=f"converted from the {layout} layout (`{src}`)",
-                vllm_refusal=families.of_config(verifier_config).vllm_refusal or None,
-            )
-        )
-    return config_dict, write_validated(out_dir, config_dict, weights, verifier_config, extra)

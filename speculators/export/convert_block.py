@@ -27,6 +27,9 @@ from typing import Any
 
 import torch
 
+from speculators.draft_layer_types import BLOCK_DRAFTER
+from speculators.export.conversion import align_rope, shifted_aux_ids, write_converted
+from speculators.export.exporter import load_verifier_config
 from speculators.export.tensors import warn
 from speculators.format.config import (
     LAYER_KEYS_FROM_VERIFIER,
@@ -103,8 +106,6 @@ def _source_causality(layer: dict[str, Any], explicit: bool | None, flag: bool |
 
 
 def _layer_config(source_layer: dict[str, Any], verifier: dict[str, Any], where: str) -> dict[str, Any]:
-    from speculators.export.convert import align_rope
-
     layer = {k: source_layer[k] for k in LAYER_KEYS if source_layer.get(k) is not None}
     missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in layer]
     if missing:
@@ -126,7 +127,7 @@ def _layer_config(source_layer: dict[str, Any], verifier: dict[str, Any], where:
         if source_layer.get(key) is not None:
             layer[key] = source_layer[key]
     align_rope(layer, verifier, where)
-    layer.update(model_type="qwen3", tie_word_embeddings=False)
+    layer.update(model_type=BLOCK_DRAFTER.name, tie_word_embeddings=False)
     return layer
 
 
@@ -139,8 +140,6 @@ def block_config(
 ) -> DFlashConfig:
     """The standard config of a source config in ``layout`` (``speculators``: of the source's type, through that
     type's declared config class; ``dflash-zlab``: DFlash)."""
-    from speculators.export.convert import shifted_aux_ids
-
     num_verifier_layers = int(verifier["num_hidden_layers"])
     config_class, own_keys = DFlashConfig, {}
     if layout == "dflash-zlab":
@@ -263,9 +262,6 @@ def convert_block_checkpoint(
     model_card: bool,
 ) -> tuple[dict[str, Any], list[Finding]]:
     """Convert one block-drafter source (already read and detected) into a validated standard directory."""
-    from speculators.export.convert import write_converted
-    from speculators.export.exporter import load_verifier_config
-
     where = str(src)
     verifier_path, verifier_config = load_verifier_config(verifier_ref)
     config = block_config(layout, source_config, verifier_config, aux_convention, where)
