@@ -67,6 +67,16 @@ class Algorithm:
     # (``PEagleDraftModel``). Both consumers pick the model by ``speculators_model_type``, so each is legal; the
     # validator warns only on a string no producer writes (see ``architectures``)
     other_architectures: tuple[str, ...] = ()
+    # ``train.algorithm`` values that train this model besides its own name, each with how people name it (HASS:
+    # an objective on the EAGLE-3 model); the run's recorded algorithm tells the exporter the unit through it
+    trained_as: tuple[tuple[str, str], ...] = ()
+    # this type's own config keys the model card lists (beside the shape, vocabulary, aux ids and tokens)
+    card_keys: tuple[str, ...] = ()
+    # the draft config rebuilt from ZeRO shards saved without one: (unprefixed tensors, verifier config, verifier
+    # path, the run's recipe) -> config dict. None: this type's config cannot be told from them
+    config_from_weights: (
+        Callable[[dict[str, torch.Tensor], dict[str, Any], str, dict[str, Any]], dict[str, Any]] | None
+    ) = None
 
     @property
     def architectures(self) -> tuple[str, ...]:
@@ -127,6 +137,24 @@ def of_config(config: dict[str, Any]) -> Algorithm:
     return get(str(config.get("speculators_model_type") or "eagle3"))
 
 
+def trained_by(algorithm: str) -> Algorithm:
+    """The unit a ``train.algorithm`` trains (its own name, or one it declares in ``trained_as``)."""
+    for unit in (get(name) for name in names()):
+        if algorithm == unit.name or algorithm in dict(unit.trained_as):
+            return unit
+    raise ValueError(f"train.algorithm {algorithm!r} trains none of the declared algorithms {names()}")
+
+
+def display_name(algorithm: str) -> str:
+    """How people name a ``speculators_model_type`` or a ``train.algorithm`` (``hass`` → ``HASS``); empty for
+    a name no unit declares."""
+    try:
+        unit = trained_by(algorithm)
+    except ValueError:
+        return ""
+    return dict(unit.trained_as).get(algorithm) or unit.display_name or unit.name
+
+
 def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32) -> Any:
     """Any speculators checkpoint directory → its draft model."""
     from speculators.format.checkpoint import read_config
@@ -134,4 +162,14 @@ def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32) -> Any
     return of_config(read_config(directory)).load(directory, dtype)
 
 
-__all__ = ["AUX_BLOCKED_BY_FC", "Algorithm", "get", "load_draft", "names", "of_config", "register"]
+__all__ = [
+    "AUX_BLOCKED_BY_FC",
+    "Algorithm",
+    "display_name",
+    "get",
+    "load_draft",
+    "names",
+    "of_config",
+    "register",
+    "trained_by",
+]

@@ -8,8 +8,15 @@ from typing import Any
 import torch
 
 from speculators.algorithms import Algorithm, register
+from speculators.draft_layer_types import BLOCK_DRAFTER
 from speculators.format.dflash_config import SLIDING, DFlashConfig
 from speculators.models.dflash import DFlashDraftModel
+
+BLOCK_CARD_KEYS = (
+    "block_size",
+    "mask_token_id",
+    "sliding_window_non_causal",
+)  # what a block drafter's card lists
 
 
 def _layer_types(config: dict[str, Any]) -> list[str]:
@@ -44,8 +51,11 @@ def block_config_rules(config: dict[str, Any]) -> Iterator[str]:
             f"aux_hidden_state_layer_ids {ids} must be distinct, ascending and >= 1: vLLM captures the residual "
             "entering layer k and gives the model target_layer_ids = k - 1 (a z-lab id t is the aux id t + 1)"
         )
-    if layer.get("model_type") != "qwen3":
-        yield "transformer_layer_config.model_type must be 'qwen3': vLLM builds block drafters as Qwen3 layers"
+    if layer.get("model_type") != BLOCK_DRAFTER.name:
+        yield (
+            f"transformer_layer_config.model_type must be {BLOCK_DRAFTER.name!r}: vLLM builds block drafters as "
+            f"{BLOCK_DRAFTER.name} layers"
+        )
     types = _layer_types(config)
     sliding = sum(t == SLIDING for t in types)
     non_causal = config.get("sliding_window_non_causal")
@@ -123,7 +133,7 @@ def block_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         "lm_head.weight": (draft_vocab, hidden),
     }
     for i in range(layer.get("num_hidden_layers", 1)):
-        shapes.update(decoder_layer_shapes(layer, f"layers.{i}.", hidden, qk_norm=True))
+        shapes.update(decoder_layer_shapes(layer, f"layers.{i}.", hidden, qk_norm=BLOCK_DRAFTER.qk_norm))
     return {**shapes, **vocab_map_shapes(draft_vocab, vocab)}
 
 
@@ -197,6 +207,7 @@ DFLASH = register(
         weight_warnings=block_weight_warnings,
         expected_shapes=block_expected_shapes,
         vllm_method="dflash",
+        card_keys=BLOCK_CARD_KEYS,
         embed_from_verifier=True,
     )
 )

@@ -8,6 +8,7 @@ from typing import Any
 
 from speculators.algorithms import Algorithm, register
 from speculators.algorithms.dflash import (
+    BLOCK_CARD_KEYS,
     block_config_rules,
     block_config_warnings,
     block_expected_shapes,
@@ -57,6 +58,7 @@ DSPARK = register(
         weight_warnings=verifier_owned_weight_warnings,
         expected_shapes=dspark_expected_shapes,
         vllm_method="dspark",
+        card_keys=(*BLOCK_CARD_KEYS, "markov_rank"),
         embed_from_verifier=True,
     )
 )

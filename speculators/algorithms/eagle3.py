@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from speculators.algorithms import Algorithm, register
 from speculators.format.config import FULL, SLIDING, Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
@@ -57,6 +59,33 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return expected_shapes(config)
 
 
+def config_from_weights(
+    tensors: dict[str, torch.Tensor],
+    verifier_config: dict[str, Any],
+    verifier_path: str,
+    recipe: dict[str, Any],
+) -> dict[str, Any]:
+    """The config of EAGLE-3 ZeRO shards saved without one, from what the run recorded: the layer type, aux ids and
+    norm flags from the recipe (the layer type defaults to the verifier family's, as the trainer's does), the draft
+    vocabulary from ``lm_head``, the layer count from ``layers.N`` and the optional norms from their weights."""
+    from speculators.runs import recipe_value
+
+    layers = {int(n.split(".")[1]) for n in tensors if n.startswith("layers.")}
+    config = Eagle3Config.from_verifier(
+        verifier_config,
+        verifier_path,
+        draft_vocab_size=int(tensors["lm_head.weight"].shape[0]),
+        aux_layer_ids=recipe_value(recipe, "verifier.aux_layer_ids"),
+        num_layers=max(layers) + 1 if layers else 1,
+        layer_type=recipe_value(recipe, "model.layer_type"),
+        norm_before_residual=bool(recipe_value(recipe, "model.norm_before_residual", True)),
+    )
+    config.norm_before_fc = "input_norm.weight" in tensors
+    config.fc_norm = "fc_norm.0.weight" in tensors
+    config.norm_output = bool(recipe_value(recipe, "model.norm_output", False))
+    return config.to_dict()
+
+
 EAGLE3 = register(
     Algorithm(
         name="eagle3",
@@ -70,5 +99,8 @@ EAGLE3 = register(
         config_warnings=_config_warnings,
         expected_shapes=_expected_shapes,
         vllm_method="eagle3",
+        trained_as=(("hass", "HASS"),),
+        card_keys=("norm_before_residual",),
+        config_from_weights=config_from_weights,
     )
 )

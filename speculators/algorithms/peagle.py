@@ -90,6 +90,7 @@ PEAGLE = register(
         expected_shapes=expected_shapes,
         vllm_method="eagle3",
         vllm_extra=vllm_extra,
+        card_keys=("norm_before_residual", "mask_token_id"),
         # mask_hidden stands in for the concatenated aux states, so it is laid out per aux layer as fc's input is
         aux_blocked_tensors=(*AUX_BLOCKED_BY_FC, ("mask_hidden", 2)),
     )

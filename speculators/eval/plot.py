@@ -9,18 +9,15 @@ from typing import Any
 from speculators.atomic import fsync_replace, temp_sibling
 from speculators.local_paths import public_name
 
-ALGORITHM_NAMES = {
-    "eagle3": "EAGLE-3",
-    "hass": "HASS",
-    "peagle": "P-EAGLE",
-    "dflash": "DFlash",
-    "dspark": "DSpark",
-}
-
 
 def algorithm_name(algorithm: str | None) -> str:
-    """``hass`` → ``HASS``: how papers and the model card spell a training algorithm."""
-    return ALGORITHM_NAMES.get(str(algorithm), str(algorithm).upper()) if algorithm else "draft"
+    """``hass`` → ``HASS``: how papers and the model card spell a training algorithm (its unit's declared display
+    name, speculators.algorithms.display_name), upper-cased when no unit declares it."""
+    from speculators import algorithms
+
+    if not algorithm:
+        return "draft"
+    return algorithms.display_name(str(algorithm)) or str(algorithm).upper()
 
 
 def plot_title(results: dict[str, Any]) -> str:

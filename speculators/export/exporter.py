@@ -191,7 +191,6 @@ def infer_draft_config(
 ) -> dict[str, Any]:
     """A draft config rebuilt for ZeRO shards saved without any: the run's recorded ``train.algorithm`` names the
     unit, which rebuilds it from the verifier, the recipe and the tensors (``Algorithm.config_from_weights``)."""
-    names = unprefixed(tensors, "ZeRO state") if detect_prefix(list(tensors)) else tensors
     unit = algorithms.trained_by(str(recipe_value(recipe, "train.algorithm", "eagle3")))
     if unit.config_from_weights is None:
         raise ValueError(
@@ -199,6 +198,7 @@ def infer_draft_config(
             "weights, and no checkpoint of the run has a draft/config.json to take it from; export a checkpoint step "
             "that has draft/"
         )
+    names = unprefixed(tensors, "ZeRO state") if detect_prefix(list(tensors)) else tensors
     return unit.config_from_weights(names, verifier_config, verifier_path, recipe)
 
 

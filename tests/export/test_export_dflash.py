@@ -127,8 +127,9 @@ def test_zero_shards_without_any_draft_config_are_explained(reduced, verifier_di
     from speculators.export.exporter import infer_draft_config
 
     tensors = {"draft." + k: v for k, v in reduced.export_state_dict().items()}
-    with pytest.raises(ValueError, match="block drafter"):
-        infer_draft_config(tensors, read_config(verifier_dir), str(verifier_dir), {})
+    recipe = {"train": {"algorithm": "dflash"}}  # the run's recorded algorithm names the unit
+    with pytest.raises(ValueError, match="DFlash draft, whose config cannot be rebuilt"):
+        infer_draft_config(tensors, read_config(verifier_dir), str(verifier_dir), recipe)
 
 
 def test_a_checkpoint_without_embed_tokens_takes_the_verifiers_as_the_consumers_do(
