@@ -155,7 +155,7 @@ def evaluate(
     plain_generate(
         inputs.model, inputs.token_prompts[:1], max_new_tokens=2
     )  # first-call costs stay out of timings
-    results = describe(inputs, _prompt_source(prompts), settings, device)
+    results = describe(inputs, _prompt_source(prompts, settings.suites), settings, device)
     plain_tokens = decode_plain(inputs, settings, results)
     outputs = decode_drafts(inputs, settings, results, plain_tokens)
     decode_oracle(inputs, settings, results, plain_tokens)
@@ -620,7 +620,11 @@ def failure_summary(message: str) -> dict[str, str]:
     return summary
 
 
-def _prompt_source(prompts: Any) -> str:
+def _prompt_source(prompts: Any, suites: list[str] | None = None) -> str:
+    if suites:
+        named = [name for name in suites if name != CHATS]
+        chats = f" + chats from {_prompt_source(prompts)}" if CHATS in suites else ""
+        return f"suites {', '.join(named)} (pinned wheels: prompts.suite_provenance){chats}"
     if prompts is None:
         return "speculators/prompts/default_chat.jsonl (shipped)"
     return "in-memory" if isinstance(prompts, list) else str(prompts)

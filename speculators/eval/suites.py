@@ -197,3 +197,39 @@ def mtbench_second_turns(
 def provenance(names: list[str]) -> dict[str, dict[str, str]]:
     """Package, file and licence of each standard suite used (for results.json and the model card)."""
     return {name: SUITE_FILES[name].provenance() for name in names if name in SUITE_FILES}
+
+
+@dataclass(frozen=True)
+class PromptLabel:
+    """Which suite, category, question and turn one evaluation prompt is (a row's identity in requests.jsonl)."""
+
+    suite: str
+    category: str
+    prompt_id: str
+    turn: int = 1
+
+
+def labelled_chats(
+    names: list[str],
+    chats: Callable[[int | None], list[Messages]],
+    limit: int | None,
+    answer: Callable[[list[Messages]], list[str]],
+) -> list[tuple[PromptLabel, Messages]]:
+    """The chats of every named suite with their labels, suite after suite. ``chats(limit)`` gives the ``chats``
+    suite (the --prompts file, data_gen's held-out split or the shipped set); ``limit`` caps questions per suite
+    (an MT-Bench question gives two requests, one per turn); ``answer`` is the verifier's greedy reply, which
+    MT-Bench's second turn follows."""
+    out: list[tuple[PromptLabel, Messages]] = []
+    for name in names:
+        if name == CHATS:
+            out += [(PromptLabel(CHATS, CHATS, str(i)), chat) for i, chat in enumerate(chats(limit))]
+            continue
+        prompts = load_suite(name, limit)
+        out += [(PromptLabel(name, p.category, p.prompt_id), first_turn(p)) for p in prompts]
+        if name == "mtbench":
+            seconds = mtbench_second_turns(prompts, answer)
+            out += [
+                (PromptLabel(name, p.category, p.prompt_id, 2), chat)
+                for p, chat in zip(prompts, seconds, strict=True)
+            ]
+    return out
