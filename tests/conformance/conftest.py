@@ -200,7 +200,9 @@ def package_results(exports, verifier, aux_sequence, conformance_root) -> dict[s
     for name, unit in UNITS.items():
         job: dict[str, Any] = {"model": str(exports[name].directory.resolve())}
         if unit.package_forward:
-            aux = torch.cat([states[i] for i in exports[name].draft.config.aux_layer_ids], dim=-1)
+            aux = torch.cat(
+                [states[i] for i in algorithms.get(name).aux_layer_ids(exports[name].draft.config)], dim=-1
+            )
             inputs = {"hidden_states": aux.float(), "input_ids": sequence}
             if unit.package_forward == "block":
                 inputs["anchors"] = torch.tensor(package_anchors(verifier))

@@ -78,7 +78,7 @@ def test_speculators_package_loads_our_export_and_computes_our_logits(
     assert loaded["ok"], loaded.get("traceback")
     assert loaded["speculators_version"] == "0.9.0"
     assert loaded["class"].endswith(unit.package_class)
-    assert loaded["aux_layer_ids"] == export.draft.config.aux_layer_ids
+    assert loaded["aux_layer_ids"] == algorithms.get(name).aux_layer_ids(export.draft.config)
     assert loaded["speculative_tokens"] == [K]
     config = export.draft.config
     assert loaded["draft_vocab_size"] == config.draft_vocab_size
@@ -95,7 +95,7 @@ def test_speculators_package_loads_our_export_and_computes_our_logits(
         return  # the package's EAGLE-3 is the same module over the same tensors: equal weights are the check
     sequence, states = aux_sequence
     model = algorithms.load_draft(export.directory).eval()
-    aux = torch.cat([states[i] for i in model.config.aux_layer_ids], dim=-1)
+    aux = torch.cat([states[i] for i in algorithms.get(name).aux_layer_ids(model.config)], dim=-1)
     theirs = package_results[name]["logits"]
     if unit.package_forward == "block":
         ours = our_block_logits(model, sequence, aux, package_anchors(verifier))
