@@ -138,11 +138,9 @@ def materialize(module: torch.nn.Module, device: str, seed: int = 0) -> torch.nn
 def build_draft(recipe: dict[str, Any], verifier_config: dict[str, Any], device: str, dtype: torch.dtype):
     """The recipe's draft (TTTDraft), random, on ``device`` in ``dtype``, with the backend the trainer picks."""
     from train.memory_plan import build_meta_draft, meta_head
-    from train.settings import TrainSettings
+    from train.objectives import train_settings
 
-    model, draft_config, _ = build_meta_draft(
-        TrainSettings.from_config(recipe), verifier_config, torch.float32
-    )
+    model, draft_config, _ = build_meta_draft(train_settings(recipe), verifier_config, torch.float32)
     model = materialize(model, device)
     draft = model.draft
     draft.d2t.zero_()
@@ -169,12 +167,12 @@ def train_draft(
     import torch._dynamo
 
     from train.losses import step_masks, step_terms, step_weights
-    from train.settings import TrainSettings
+    from train.objectives import train_settings
     from train.targets import needed_positions, target_draft_ids, target_logits
 
     dtype = torch.bfloat16
     model, head, draft_config = build_draft(recipe, verifier_config, device, dtype)
-    train = TrainSettings.from_config(recipe).train
+    train = train_settings(recipe).train
     rows, length, ttt = train.micro_batch_size, train.max_length, train.ttt_steps
     hidden = int(verifier_config["hidden_size"])
     aux = len(draft_config.eagle_aux_hidden_state_layer_ids) * hidden

@@ -41,7 +41,7 @@ def evaluate(
     total = stats.all_reduce(accelerator)
     if was_training:
         model.train()
-    return summarize(total, objective.weights, objective.settings.train.topk_weight)
+    return summarize(total, objective.weights, objective.topk_weight)
 
 
 def summarize(stats: StepStats, weights: list[float], topk_weight: float) -> dict[str, Any]:

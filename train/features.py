@@ -1,5 +1,5 @@
 """Where a run's verifier features come from: implementations of one :class:`FeatureSource`, chosen once by
-``train.data_mode`` (:func:`open_features`), so the trainer holds no offline/online/streamed branch.
+``train.data_mode`` (:func:`train.data_modes.open_features`), so the trainer holds no offline/online/streamed branch.
 
 * :class:`OfflineFeatures`: shards written by data_gen (:class:`data_gen.store.FeatureDataset`), read in their
   storage dtype (bf16/fp8) and packed by the DataLoader workers; the features are finished (dequantised, noised)
@@ -275,18 +275,6 @@ class OnlineFeatures(FeatureSource):
         self.__dict__.pop("verifier", None)
 
 
-def open_features(
-    settings: TrainSettings, accelerator, layout: RowLayout, verifier_config: dict[str, Any]
-) -> FeatureSource:
-    """The run's feature source: the one place ``train.data_mode`` is read."""
-    mode = settings.train.data_mode
-    if mode in ("stream", "cache-first-epoch"):
-        from train.streaming import StreamFeatures as source
-    else:
-        source = {"offline": OfflineFeatures, "online": OnlineFeatures}[mode]
-    return source(settings, accelerator, layout, verifier_config)
-
-
 # ---- online samples -----------------------------------------------------------------------------------------
 class TokenDataset(Dataset):
     """Tokenised samples for online training: ``{"sample_id", "input_ids", "loss_mask"}`` (no features)."""
@@ -328,5 +316,4 @@ __all__ = [
     "RowLayout",
     "TokenDataset",
     "identity_collate",
-    "open_features",
 ]

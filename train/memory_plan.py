@@ -43,6 +43,7 @@ from torch.utils._pytree import tree_flatten
 from speculators import algorithms
 from speculators.atomic import atomic_write_json
 from speculators.local_paths import public_name, scrub
+from train.objectives import train_settings
 from train.settings import TrainSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -365,7 +366,7 @@ def build_meta_draft(
     from data_gen.capture import resolve_aux_layer_ids
     from train.objectives import objective_for
 
-    settings = TrainSettings.from_config(config)
+    settings = train_settings(config)
     wanted = settings.verifier.aux_layer_ids
     aux_ids = resolve_aux_layer_ids(
         list(wanted) if wanted is not None else None, int(verifier_config["num_hidden_layers"])
@@ -402,7 +403,7 @@ def online_verifier_params(verifier_config: dict[str, Any]) -> int:
 def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     """The memory plan of a recipe: its settings, or the resolved recipe (a plain dict)."""
     started = time.perf_counter()
-    settings = TrainSettings.from_config(config)
+    settings = train_settings(config)
     hardware = planned_hardware(settings)  # checked before the trace: a wrong section fails in a second
     train_cfg = settings.train
     verifier_name = settings.verifier.name_or_path
@@ -422,14 +423,8 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
     algorithm = algorithms.get(draft_config.SPECULATORS_MODEL_TYPE)
     aux_width = len(algorithm.aux_layer_ids(draft_config)) * hidden
     batch = meta_batch(rows, length, aux_width, hidden, dtype)
-    flex_keys = 0
-    if (
-        algorithm.drafting == "sequential"
-    ):  # the TTT unroll's flex attention pads its keys (train.ttt_attention)
-        flex_keys = flex_padded_key_bytes(
-            rows, length, objective.steps, draft_config, dtype, train_cfg.attention_backend
-        )
-    flex_blocks = flex_block_bytes(settings, draft_config, dtype) if algorithm.drafting == "block" else {}
+    terms = objective.memory_terms(draft_config, dtype)  # its GPU kernel's held tensors, beyond the trace
+    flex_keys, flex_blocks = terms.padded_keys_bytes, terms.block_attention_bytes
     activations = trace_step(model, head, batch, objective) + flex_keys + sum(flex_blocks.values())
     static, peak, frozen = {}, {}, {}
     hardware_gpus = (hardware or {}).get("gpus")
@@ -477,7 +472,7 @@ def plan_memory(config: TrainSettings | dict[str, Any]) -> dict[str, Any]:
         "max_length": length,
         "algorithm": train_cfg.algorithm,
         "drafted_positions": objective.steps,  # TTT steps, or a block's draft slots
-        "max_anchors": train_cfg.max_anchors if algorithm.drafting == "block" else None,
+        "max_anchors": terms.max_anchors,
         "draft_vocab_size": draft_config.draft_vocab_size,
         "params_trainable": trainable,
         "params_frozen": draft_frozen + head_params + verifier_params,

@@ -58,12 +58,13 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
 @hydra.main(config_path="../recipes", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     from speculators.cli import user_errors_as_one_line
-    from train.settings import SettingsError, TrainSettings
+    from train.objectives import train_settings
+    from train.settings import SettingsError
 
     cfg = finalize_config(cfg)
     run_dir = Path(str(cfg.run_dir))
     with user_errors_as_one_line((SettingsError, FileNotFoundError)):  # a recipe mistake is not a crash
-        settings = TrainSettings.from_config(cfg)  # every problem of the recipe, before anything starts
+        settings = train_settings(cfg)  # every problem of the recipe, before anything starts
     if settings.train.dry_run:  # the memory plan only: no data, no DeepSpeed, no weights
         from train.memory_plan import write_plan
 

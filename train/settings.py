@@ -17,13 +17,18 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, is_dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Protocol
 
 from speculators import draft_layer_types
 
 POSITION_WEIGHTINGS = ("exp_decay", "dpace")
-DATA_MODES = ("offline", "online", "stream", "cache-first-epoch")  # train.features.open_features
+DATA_MODES = (
+    "offline",
+    "online",
+    "stream",
+    "cache-first-epoch",
+)  # train.data_modes.SOURCES (a test compares)
 ATTENTION_BACKENDS = ("auto", "chunked", "flex", "dense")  # train.ttt_attention.BACKENDS (a test compares)
 TRAIN_DTYPES = ("auto", "bf16", "bfloat16", "fp32", "float32")
 VERIFIER_DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
@@ -97,7 +102,7 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class HassSettings:
-    """``train.hass``: read only when ``train.algorithm=hass``."""
+    """``train.hass``: HASS's top-K term and context detach, read by its objective (train/objectives/ttt.py)."""
 
     topk: int = 10
     topk_weight: float = 0.0
@@ -179,29 +184,9 @@ class LoopSettings:
     hass: HassSettings = field(default_factory=HassSettings)
     stream: StreamSettings = field(default_factory=StreamSettings)
 
-    @property
-    def is_hass(self) -> bool:
-        return self.algorithm == "hass"
-
-    @property
-    def topk_weight(self) -> float:
-        """The top-K distillation weight in force (0 for EAGLE-3, whatever ``train.hass`` says)."""
-        return self.hass.topk_weight if self.is_hass else 0.0
-
-    @property
-    def topk(self) -> int:
-        """K of the top-K term, 0 when the term is off (the losses skip it)."""
-        return self.hass.topk if self.topk_weight else 0
-
-    @property
-    def detach_context(self) -> bool:
-        return self.hass.detach_context if self.is_hass else False
-
     def problems(self) -> list[str]:
-        from train.objectives import algorithms  # each objective module declares the algorithms it trains
-
-        found = _choice("train.algorithm", self.algorithm, algorithms())
-        found += _choice("train.position_weighting", self.position_weighting, POSITION_WEIGHTINGS)
+        """The loop's own checks; ``train.algorithm`` is checked by the objectives (:class:`AlgorithmRules`)."""
+        found = _choice("train.position_weighting", self.position_weighting, POSITION_WEIGHTINGS)
         found += _at_least("train.max_anchors", self.max_anchors, 1) + _at_least(
             "train.anchor_chunk", self.anchor_chunk, 1
         )
@@ -381,6 +366,19 @@ class ExportSettings:
 
 
 # ---- the whole ----------------------------------------------------------------------------------------------
+class AlgorithmRules(Protocol):
+    """What only the algorithm's training objective can say about a recipe. :mod:`train.objectives` implements it
+    (``train.objectives.train_settings``), so this module names no algorithm and imports no objective (issue 30)."""
+
+    def resolved(self, settings: TrainSettings) -> TrainSettings:
+        """``settings`` with the defaults the algorithm decides filled in (``eval.k``: its drafted positions)."""
+        ...
+
+    def problems(self, settings: TrainSettings) -> list[str]:
+        """A known ``train.algorithm``, and the combinations its objective cannot train."""
+        ...
+
+
 GROUPS = {
     "verifier": VerifierSettings,
     "model": ModelSettings,
@@ -413,8 +411,9 @@ class TrainSettings:
     resolved: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the whole recipe
 
     @classmethod
-    def from_config(cls, config: Any) -> TrainSettings:
-        """Settings of a composed recipe (an omegaconf ``DictConfig``, resolved here, or a plain dict).
+    def from_config(cls, config: Any, algorithm: AlgorithmRules) -> TrainSettings:
+        """Settings of a composed recipe (an omegaconf ``DictConfig``, resolved here, or a plain dict), checked with
+        the ``algorithm`` rules of the objectives (callers use ``train.objectives.train_settings``).
 
         Raises :class:`SettingsError` listing every problem: wrong types, out-of-range values, unknown keys and
         combinations the trainer cannot run. Settings already built are returned as they are."""
@@ -431,43 +430,22 @@ class TrainSettings:
         if problems:  # a group that failed to build cannot be checked further
             raise SettingsError(problems)
         settings = cls(**values, data=dict(resolved.get("data") or {}), resolved=resolved)
-        if settings.eval.k is None:
-            from train.objectives import objective_for
-
-            settings = replace(settings, eval=replace(settings.eval, k=objective_for(settings).steps))
-        problems = [p for group in GROUPS for p in getattr(settings, group).problems()]
+        settings = algorithm.resolved(settings)
+        problems = algorithm.problems(settings)
+        problems += [p for group in GROUPS for p in getattr(settings, group).problems()]
         problems += settings.combination_problems()
         if problems:
             raise SettingsError(problems)
         return settings
 
     def combination_problems(self) -> list[str]:
-        """Values each fine alone that the trainer cannot run together."""
-        from train.objectives import objective_class
-
+        """Values each fine alone that the trainer cannot run together (the algorithm's own: its objective's)."""
         found = []
-        loop, vocab = self.train, self.model.draft_vocab_size
-        if loop.topk and vocab is not None and loop.topk > vocab:
-            found.append(
-                f"train.hass.topk={loop.topk} exceeds model.draft_vocab_size={vocab}: the top-K term ranks draft "
-                "tokens; lower train.hass.topk or raise the draft vocabulary"
-            )
         if self.optim.name == "muon" and self.deepspeed.enabled:
             found.append(
                 "optim=muon with DeepSpeed: ZeRO steps a client optimizer on flattened 1-D partitions, and Muon "
                 "orthogonalizes 2-D matrices; train Muon with deepspeed=none (one process or DDP), or use optim=adamw "
                 "under DeepSpeed"
-            )
-        window = self.model.sliding_window
-        if window is not None and not objective_class(loop.algorithm).sliding_window_layers:
-            found.append(
-                f"model.sliding_window={window} with train.algorithm={loop.algorithm}: windowed draft layers are "
-                "built for EAGLE-3 and HASS only; set model.sliding_window=null"
-            )
-        elif window is not None and window <= loop.ttt_steps:
-            found.append(
-                f"model.sliding_window={window} must exceed train.ttt_steps={loop.ttt_steps}: step j's query sits "
-                "j positions past its context, so a shorter window would hide every context key"
             )
         return found
 
@@ -576,6 +554,7 @@ def _at_least(key: str, value: float | None, low: float) -> list[str]:
 
 
 __all__ = [
+    "AlgorithmRules",
     "DeepSpeedSettings",
     "EvalSettings",
     "ExportSettings",

@@ -40,10 +40,11 @@ from train.assemble import (
     set_lr,
 )
 from train.data import row_buckets, run_loader, training_loss_mask
+from train.data_modes import open_features
 from train.evaluation import evaluate
-from train.features import RowLayout, open_features
+from train.features import RowLayout
 from train.logs import RunLogger, console_line, eval_line
-from train.objectives import objective_for
+from train.objectives import objective_for, train_settings
 from train.settings import TrainSettings
 from train.step_stats import StepStats
 from train.ttt_attention import flex_shape_variants, limit_flex_recompiles
@@ -79,7 +80,7 @@ class Progress:
 class Trainer:
     def __init__(self, config: TrainSettings | Any, run_dir: str | Path) -> None:
         """``config``: the settings, or a composed recipe (checked here, before the accelerator starts)."""
-        settings = TrainSettings.from_config(config)
+        settings = train_settings(config)
         self.settings, self.run_dir = settings, Path(run_dir)
         train = settings.train
         self.objective = objective_for(settings)
@@ -415,12 +416,12 @@ class Trainer:
             "kind": "train",
             "epoch": round(progress.step / self.plan.steps_per_epoch, 4),
             "lr": lr,
-            "train/loss": total.loss(self.weights, self.settings.train.topk_weight),
+            "train/loss": total.loss(self.weights, self.objective.topk_weight),
             "tokens": tokens,
             "tokens_per_s": tokens / max(elapsed, 1e-9),
             "steps_per_s": (progress.step - since) / max(elapsed, 1e-9),
             "process_cpu_s": time.process_time(),  # this rank's CPU so far, every thread: cost curves (bench)
-            **total.per_step_metrics("train", with_topk=bool(self.settings.train.topk_weight)),
+            **total.per_step_metrics("train", with_topk=bool(self.objective.topk_weight)),
         }
 
     def _evaluate(self, progress: Progress) -> bool:
@@ -506,7 +507,7 @@ def reset_distributed() -> None:
 def train(config: TrainSettings | Any, run_dir: str | Path) -> dict[str, Any]:
     """Build, fit and shut down cleanly (also on errors, so an in-process sweep's next job starts clean).
     ``config``: the settings, or a composed recipe (validated before anything starts)."""
-    settings = TrainSettings.from_config(config)
+    settings = train_settings(config)
     try:
         trainer = Trainer(settings, run_dir)
     except BaseException:

@@ -10,8 +10,11 @@ import torch
 
 from tests.train.conftest import compose, tiny_overrides
 from tests.train.test_online import write_chats
-from train.features import OfflineFeatures, OnlineFeatures, RowLayout, open_features
-from train.settings import TrainSettings
+from train.data_modes import SOURCES, open_features
+from train.features import OfflineFeatures, OnlineFeatures, RowLayout
+from train.objectives import train_settings
+from train.settings import DATA_MODES
+from train.streaming import StreamFeatures
 from train.trainer import reset_distributed
 
 
@@ -26,9 +29,17 @@ def accelerator():
 def source_for(overrides: list[str], accelerator):
     from speculators.verifier import verifier_config_dict
 
-    settings = TrainSettings.from_config(compose(overrides))
+    settings = train_settings(compose(overrides))
     layout = RowLayout.of(settings.train, accelerator.device)
     return open_features(settings, accelerator, layout, verifier_config_dict(settings.verifier.name_or_path))
+
+
+def test_every_data_mode_settings_accept_opens_a_source():
+    """The modes the settings validate against are exactly those a source serves: a mode added to one list only
+    would pass validation and then fail with a KeyError at start-up (or never be reachable)."""
+    assert set(SOURCES) == set(DATA_MODES)
+    assert SOURCES["stream"] is SOURCES["cache-first-epoch"] is StreamFeatures
+    assert (SOURCES["offline"], SOURCES["online"]) == (OfflineFeatures, OnlineFeatures)
 
 
 def check_source(source, max_samples: int) -> None:

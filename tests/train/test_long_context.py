@@ -14,7 +14,8 @@ from tests.support.plans import recipe_plan, resolved_recipe
 from tests.support.verifiers import tiny_verifier_config
 from train.data import pack_documents
 from train.memory_plan import GIB, LAYOUTS, hardware_verdict, plan_memory
-from train.settings import SettingsError, TrainSettings
+from train.objectives import train_settings
+from train.settings import SettingsError
 from train.ttt_attention import TTTAttention, chunked_ttt_attention, dense_ttt_attention, ttt_mask_dense
 from train.unroll import TTTDraft
 
@@ -159,12 +160,12 @@ def test_a_windowed_unroll_step_zero_is_the_inference_forward():
 def test_window_settings_are_checked_before_anything_starts():
     config = resolved_recipe("eagle3_smollm2", "model.sliding_window=3", "train.ttt_steps=3")
     with pytest.raises(SettingsError, match="must exceed train.ttt_steps"):
-        TrainSettings.from_config(config)
+        train_settings(config)
     with pytest.raises(SettingsError, match="EAGLE-3 and HASS only"):
-        TrainSettings.from_config(resolved_recipe("tiny_dflash", "+model.sliding_window=64"))
+        train_settings(resolved_recipe("tiny_dflash", "+model.sliding_window=64"))
     # P-EAGLE's parallel unroll passes no window
     with pytest.raises(SettingsError, match="EAGLE-3 and HASS only"):
-        TrainSettings.from_config(resolved_recipe("tiny_peagle", "model.sliding_window=64"))
+        train_settings(resolved_recipe("tiny_peagle", "model.sliding_window=64"))
     attend = TTTAttention(torch.zeros(1, 4, dtype=torch.long), backend="chunked", windows=[2])
     q = torch.randn(1, 2, 4, 8)
     attend(0, q, q, q)

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 from speculators.format.config import Eagle3Config
 from speculators.models.eagle3 import Eagle3DraftModel
 from tests.train.conftest import compose, tiny_overrides
+from train.objectives import train_settings
 from train.optimizers import BUILDERS, MuonWithAdamW, make_optimizer
-from train.settings import OPTIMIZERS, OptimSettings, SettingsError, TrainSettings
+from train.settings import OPTIMIZERS, OptimSettings, SettingsError
 from train.trainer import train
 
 STEPS = 16  # tiny_eagle3: 8 samples, micro batch 2 (4 steps per epoch), train.epochs=4 here
@@ -59,8 +60,8 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
 def test_muon_with_deepspeed_is_refused_with_the_settings(sharp_verifier, tiny_data, tmp_path):
     overrides = tiny_overrides(sharp_verifier, tiny_data, tmp_path / "run", "optim=muon", "deepspeed=zero2")
     with pytest.raises(SettingsError, match="optim=muon with DeepSpeed: .* deepspeed=none .* optim=adamw"):
-        TrainSettings.from_config(compose(overrides))
-    assert TrainSettings.from_config(compose(overrides[:-1])).optim.name == "muon"  # alone it is fine
+        train_settings(compose(overrides))
+    assert train_settings(compose(overrides[:-1])).optim.name == "muon"  # alone it is fine
 
 
 def records(run_dir: Path) -> list[dict]:

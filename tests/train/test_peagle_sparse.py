@@ -16,9 +16,8 @@ from speculators.format.config import PEagleConfig
 from speculators.models.peagle import PEagleDraftModel
 from tests.train.conftest import compose, tiny_overrides
 from train.data import MicroBatch
-from train.objectives import Plan, objective_for
+from train.objectives import Plan, objective_for, train_settings
 from train.objectives.parallel_eagle import ParallelDraft, chain_elements
-from train.settings import TrainSettings
 from train.step_stats import StepStats
 from train.targets import TargetHead
 from train.trainer import train
@@ -37,7 +36,7 @@ def setting(tiny_llama_dir):
         "train.max_anchors=12",
         "logging=disabled",
     ]
-    objective = objective_for(TrainSettings.from_config(compose(overrides)))
+    objective = objective_for(train_settings(compose(overrides)))
     verifier = json.loads((tiny_llama_dir / "config.json").read_text())
     config = PEagleConfig.from_verifier(
         verifier,

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO_ROOT
 from tests.train.conftest import compose
-from train.settings import ATTENTION_BACKENDS, SettingsError, TrainSettings
+from train.objectives import objective_for, train_settings
+from train.settings import ATTENTION_BACKENDS, SettingsError
 
 RECIPES = sorted(path.stem for path in (REPO_ROOT / "recipes" / "recipe").glob("*.yaml"))
 
@@ -24,14 +25,14 @@ def recipe_overrides(recipe: str, *extra: str) -> list[str]:
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_builds_its_settings(recipe):
     cfg = compose(recipe_overrides(recipe))
-    settings = TrainSettings.from_config(cfg)
+    settings = train_settings(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert settings.recipe_name == recipe
     assert settings.train.ttt_steps == resolved["train"]["ttt_steps"]
     assert settings.optim.lr == pytest.approx(float(resolved["optim"]["lr"]))
     assert settings.eval.k == resolved["eval"]["k"]
     assert settings.deepspeed.config == resolved["deepspeed"]["config"]
-    assert settings.train.topk_weight == (
+    assert objective_for(settings).topk_weight == (
         resolved["train"]["hass"]["topk_weight"] if resolved["train"]["algorithm"] == "hass" else 0.0
     )
     assert settings.resolved == resolved and settings.data == resolved["data"]
@@ -68,14 +69,14 @@ def test_every_recipe_builds_its_settings(recipe):
 )
 def test_a_bad_value_fails_at_settings_time_naming_its_key(override, key):
     with pytest.raises(SettingsError) as error:
-        TrainSettings.from_config(compose(recipe_overrides("tiny_hass", override)))
+        train_settings(compose(recipe_overrides("tiny_hass", override)))
     assert key in str(error.value)
 
 
 def test_every_problem_is_listed_at_once():
     overrides = recipe_overrides("tiny_eagle3", "schedule.name=cosne", "optim.lr=0", "train.ttt_steps=0")
     with pytest.raises(SettingsError) as error:
-        TrainSettings.from_config(compose(overrides))
+        train_settings(compose(overrides))
     assert {p.split("=")[0] for p in error.value.problems} >= {"schedule.name", "optim.lr", "train.ttt_steps"}
 
 
@@ -97,10 +98,10 @@ def test_defaults_are_the_recipe_groups_defaults():
     # a partial dict (scripts/gpu_check.py) falls back to these: they must be what recipes/<group>/ ships
     groups = {"model": "eagle3", "train": "eagle3", "optim": "adamw", "schedule": "cosine"}
     groups |= {"deepspeed": "none", "logging": "offline"}
-    defaults = TrainSettings.from_config({})
+    defaults = train_settings({})
     for group, name in groups.items():
         shipped = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "recipes" / group / f"{name}.yaml"))
-        built = TrainSettings.from_config({group: drop_interpolations(shipped)})
+        built = train_settings({group: drop_interpolations(shipped)})
         assert getattr(built, group) == getattr(defaults, group), group
 
 
@@ -121,8 +122,8 @@ def test_the_backends_are_the_attention_modules():
 def test_a_plain_dict_builds_settings_without_omegaconf():
     code = (
         "import sys; sys.modules['omegaconf'] = None\n"
-        "from train.settings import TrainSettings\n"
-        "s = TrainSettings.from_config({'train': {'ttt_steps': 7}, 'optim': {'lr': '5e-5'}})\n"
+        "from train.objectives import train_settings\n"
+        "s = train_settings({'train': {'ttt_steps': 7}, 'optim': {'lr': '5e-5'}})\n"
         "assert (s.train.ttt_steps, s.eval.k, s.optim.lr) == (7, 7, 5e-5), s\n"
     )
     result = subprocess.run(

@@ -218,13 +218,13 @@ def test_dead_producer_is_reported_and_replaced(tiny_llama_dir, source, tmp_path
     from data_gen.batch_plan import BatchPlan
     from speculators.verifier import verifier_config_dict
     from train.features import RowLayout
-    from train.settings import TrainSettings
+    from train.objectives import train_settings
     from train.streaming import StreamFeatures
 
     caplog.set_level(logging.INFO)
     extra = ("train.data_mode=stream", "train.stream.local_producers=2", "train.stream.max_restarts=2")
     extra += (f"train.stream.max_spool_gb={SMALL_BUDGET_GB}",)
-    settings = TrainSettings.from_config(compose(overrides(tiny_llama_dir, source, tmp_path, *extra)))
+    settings = train_settings(compose(overrides(tiny_llama_dir, source, tmp_path, *extra)))
     accelerator = Accelerator(cpu=True)
     layout = RowLayout.of(settings.train, accelerator.device)
     features = StreamFeatures(settings, accelerator, layout, verifier_config_dict(str(tiny_llama_dir)))

@@ -81,7 +81,7 @@ def test_streamed_trainer_and_producer_encode_the_offline_samples(model_type, ch
     from data_gen.spool import sample_digest
     from speculators.verifier import verifier_config_dict
     from train.features import RowLayout, TokenDataset
-    from train.settings import TrainSettings
+    from train.objectives import train_settings
     from train.streaming import StreamFeatures
 
     verifier = build_family_verifier(tmp_path / "verifier", model_type)
@@ -90,7 +90,7 @@ def test_streamed_trainer_and_producer_encode_the_offline_samples(model_type, ch
     assert offline["train"] and offline["heldout"]
     assert all(any(s.loss_mask) for split in offline.values() for s in split)
 
-    settings = TrainSettings.from_config(cfg)
+    settings = train_settings(cfg)
     accelerator = Accelerator(cpu=True)
     verifier_config = verifier_config_dict(str(verifier))
     trainer_side = StreamFeatures(

@@ -14,7 +14,7 @@ objective is a new module, not edits across the trainer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -23,7 +23,7 @@ from torch import nn
 from speculators.unit_modules import import_unit_modules
 from train.data import MicroBatch
 from train.losses import StepMasks, step_masks
-from train.settings import TrainSettings
+from train.settings import AlgorithmRules, TrainSettings
 from train.step_stats import StepStats
 from train.targets import TargetHead, needed_positions, target_draft_ids
 
@@ -36,6 +36,16 @@ class Plan:
     masks: StepMasks
     needed: torch.Tensor
     extra: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """What an objective adds to the dry-run memory plan beyond the traced step (train.memory_plan): the tensors
+    its GPU attention kernel holds for backward that the chunked CPU trace never allocates."""
+
+    padded_keys_bytes: int = 0  # the TTT unroll's flex-padded keys and values (``flex_padded_keys_bytes``)
+    block_attention_bytes: dict[str, int] = field(default_factory=dict)  # block flex attention, by part
+    max_anchors: int | None = None  # anchors per micro batch, for objectives that sample them
 
 
 class Objective:
@@ -58,6 +68,22 @@ class Objective:
         """The static per-step loss weights (what the logged loss is weighted by)."""
         raise NotImplementedError
 
+    @property
+    def topk_weight(self) -> float:
+        """The weight of a top-K distillation term in the logged loss; none by default."""
+        return 0.0
+
+    @classmethod
+    def settings_problems(cls, settings: TrainSettings) -> list[str]:
+        """Recipe values this objective cannot train together (the generic groups check themselves)."""
+        window = settings.model.sliding_window
+        if window is not None and not cls.sliding_window_layers:
+            return [
+                f"model.sliding_window={window} with train.algorithm={settings.train.algorithm}: windowed draft "
+                "layers are built for EAGLE-3 and HASS only; set model.sliding_window=null"
+            ]
+        return []
+
     def build(
         self, verifier_config: dict[str, Any], features: Any, vocab: Any, head: TargetHead, fresh: bool
     ) -> tuple[Any, nn.Module]:
@@ -75,6 +101,10 @@ class Objective:
     ) -> tuple[Any, nn.Module]:
         """The recipe's draft config and wrapped model with meta parameters (the dry-run memory plan's)."""
         raise NotImplementedError
+
+    def memory_terms(self, draft_config: Any, dtype: torch.dtype) -> MemoryTerms:
+        """This objective's terms of the dry-run memory plan (:class:`MemoryTerms`); none by default."""
+        return MemoryTerms()
 
     def step_masks(
         self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, steps: int
@@ -136,8 +166,37 @@ def objective_for(settings: TrainSettings) -> Objective:
     return objective_class(settings.train.algorithm)(settings)
 
 
+class ObjectiveRules(AlgorithmRules):
+    """The settings' :class:`~train.settings.AlgorithmRules` answered by the objective ``train.algorithm`` names."""
+
+    def resolved(self, settings: TrainSettings) -> TrainSettings:
+        if settings.eval.k is not None or settings.train.algorithm not in algorithms():
+            return settings
+        return replace(settings, eval=replace(settings.eval, k=objective_for(settings).steps))
+
+    def problems(self, settings: TrainSettings) -> list[str]:
+        algorithm = settings.train.algorithm
+        if algorithm not in algorithms():
+            return [f"train.algorithm={algorithm!r}: use one of {', '.join(algorithms())}"]
+        return objective_class(algorithm).settings_problems(settings)
+
+
+def train_settings(config: Any) -> TrainSettings:
+    """The recipe's :class:`TrainSettings`, every problem reported at once, the algorithm's included."""
+    return TrainSettings.from_config(config, ObjectiveRules())
+
+
 def _load_all() -> None:
     import_unit_modules(__name__, __path__)
 
 
-__all__ = ["Objective", "Plan", "algorithms", "objective_class", "objective_for", "register"]
+__all__ = [
+    "MemoryTerms",
+    "Objective",
+    "Plan",
+    "algorithms",
+    "objective_class",
+    "objective_for",
+    "register",
+    "train_settings",
+]

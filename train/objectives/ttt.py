@@ -22,10 +22,18 @@ from train.assemble import (
 )
 from train.data import MicroBatch
 from train.losses import StepTerms, step_terms, step_weights
-from train.objectives import Objective, Plan, register
+from train.memory_plan import flex_padded_key_bytes
+from train.objectives import MemoryTerms, Objective, Plan, register
+from train.settings import HassSettings, LoopSettings, TrainSettings
 from train.step_stats import StepStats
 from train.targets import TargetHead, target_logits
 from train.unroll import TTTDraft
+
+
+def hass_terms(train: LoopSettings) -> HassSettings:
+    """``train.hass`` in force: HASS's own; EAGLE-3 trains the same unroll with the top-K term and the context
+    detach off, whatever ``train.hass`` says."""
+    return train.hass if train.algorithm == "hass" else HassSettings(topk_weight=0.0, detach_context=False)
 
 
 @register
@@ -41,6 +49,33 @@ class TrainingTimeTest(Objective):
     def weights(self) -> list[float]:
         return step_weights(self.steps, self.settings.train.step_weight_decay)
 
+    @property
+    def topk_weight(self) -> float:
+        return hass_terms(self.settings.train).topk_weight
+
+    @property
+    def topk(self) -> int:
+        """K of the top-K term, 0 when the term is off (the losses skip it)."""
+        hass = hass_terms(self.settings.train)
+        return hass.topk if hass.topk_weight else 0
+
+    @classmethod
+    def settings_problems(cls, settings: TrainSettings) -> list[str]:
+        found = super().settings_problems(settings)
+        loop, window, vocab = settings.train, settings.model.sliding_window, settings.model.draft_vocab_size
+        if window is not None and not found and window <= loop.ttt_steps:
+            found.append(
+                f"model.sliding_window={window} must exceed train.ttt_steps={loop.ttt_steps}: step j's query sits "
+                "j positions past its context, so a shorter window would hide every context key"
+            )
+        hass = hass_terms(loop)
+        if hass.topk_weight and vocab is not None and hass.topk > vocab:
+            found.append(
+                f"train.hass.topk={hass.topk} exceeds model.draft_vocab_size={vocab}: the top-K term ranks draft "
+                "tokens; lower train.hass.topk or raise the draft vocabulary"
+            )
+        return found
+
     def build(
         self, verifier_config: dict[str, Any], features: Any, vocab: Any, head: TargetHead, fresh: bool
     ) -> tuple[Any, nn.Module]:
@@ -54,11 +89,19 @@ class TrainingTimeTest(Objective):
         model = TTTDraft(
             draft,
             self.steps,
-            detach_context=train.detach_context,
+            detach_context=hass_terms(train).detach_context,
             attention_backend=train.attention_backend,
             chunk_size=train.attention_chunk,
         )
         return config, model
+
+    def memory_terms(self, draft_config: Any, dtype: torch.dtype) -> MemoryTerms:
+        """The unroll's flex attention pads every step's keys to one compiled shape (train.ttt_attention)."""
+        train = self.settings.train
+        padded = flex_padded_key_bytes(
+            train.micro_batch_size, train.max_length, self.steps, draft_config, dtype, train.attention_backend
+        )
+        return MemoryTerms(padded_keys_bytes=padded)
 
     def meta_model(
         self,
@@ -75,7 +118,7 @@ class TrainingTimeTest(Objective):
         model = TTTDraft(
             draft,
             self.steps,
-            detach_context=settings.train.detach_context,
+            detach_context=hass_terms(settings.train).detach_context,
             attention_backend="chunked",
             chunk_size=settings.train.attention_chunk,
         )
@@ -94,7 +137,7 @@ class TrainingTimeTest(Objective):
         trained: torch.Tensor,
         stats: StepStats,
     ) -> torch.Tensor:
-        topk, topk_weight = self.settings.train.topk, self.settings.train.topk_weight
+        topk, topk_weight = self.topk, self.topk_weight
         logits = self.forward_logits(model, batch, plan)
         verifier_logits = target_logits(head, batch.last_hidden, plan.needed)
         loss = logits[0].new_zeros((), dtype=torch.float32)
@@ -122,8 +165,7 @@ class TrainingTimeTest(Objective):
     def evaluate(
         self, model: nn.Module, batch: MicroBatch, head: TargetHead, stats: StepStats, steps: int
     ) -> None:
-        train = self.settings.train
-        topk = train.hass.topk if train.topk_weight else 0
+        topk = self.topk
         masks, needed = self.step_masks(batch, batch.loss_mask, head, steps)
         verifier_logits = target_logits(head, batch.last_hidden, needed)
         logits = model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids, steps=steps)
