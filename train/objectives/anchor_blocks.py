@@ -39,7 +39,8 @@ from train.anchor_attention import flex_anchor_attention
 from train.assemble import block_draft_config, build_block_draft
 from train.data import MicroBatch
 from train.losses import StepMasks, StepTerms, soft_cross_entropy
-from train.objectives import Objective, Plan, register
+from train.memory_plan import flex_block_bytes
+from train.objectives import MemoryTerms, Objective, Plan, register
 from train.step_stats import StepStats
 from train.targets import TargetHead
 from train.ttt_attention import resolve_backend
@@ -292,6 +293,12 @@ class AnchorBlocks(Objective):
         train = self.settings.train
         model = AnchorBlockDraft(draft, train.anchor_chunk, train.attention_backend, train.max_anchors)
         return draft.config, model
+
+    def memory_terms(self, draft_config: Any, dtype: torch.dtype) -> MemoryTerms:
+        """Block flex attention keeps the context copy, the per-anchor part and the block mask for backward, at
+        the recipe's ``max_anchors`` (train.anchor_attention.flex_held_bytes)."""
+        held = flex_block_bytes(self.settings, draft_config, dtype)
+        return MemoryTerms(block_attention_bytes=held, max_anchors=self.settings.train.max_anchors)
 
     def meta_model(
         self,

@@ -44,7 +44,7 @@ from speculators.verifier import resolve_verifier_path, verifier_embedding
 from train.assemble import build_draft, calibrate_warm_start, draft_mask_token, scale_fc_by_feature_rms
 from train.data import MicroBatch
 from train.losses import StepMasks, StepTerms, element_terms, shift_left
-from train.objectives import Plan, register
+from train.objectives import MemoryTerms, Plan, register
 from train.objectives.ttt import TrainingTimeTest
 from train.targets import TargetHead
 from train.ttt_attention import ChainAttention, TTTAttention
@@ -217,6 +217,10 @@ class ParallelDepths(TrainingTimeTest):
             norm_before_residual=model.norm_before_residual,
             torch_dtype="float32",
         )
+
+    def memory_terms(self, draft_config: Any, dtype: torch.dtype) -> MemoryTerms:
+        """None: the plan counts no padded keys for P-EAGLE's parallel unroll (its trace is the whole account)."""
+        return MemoryTerms()
 
     def meta_model(
         self,
