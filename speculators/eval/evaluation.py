@@ -67,7 +67,9 @@ class EvalSettings:
     vllm: bool = False
     suites: list[str] | None = None  # standard prompt sets (speculators.eval.suites); None: the chats alone
     max_prompts_per_suite: int | None = None  # questions per suite (an MT-Bench question is two requests)
-    oracle: bool = True  # the ceiling: the verifier's own greedy continuation drafted at each chain k
+    # the ceiling: the verifier's own greedy continuation drafted at each chain k (one more decode per k: on by
+    # default in `speculators eval`, off for API callers such as the benches, whose time budgets predate it)
+    oracle: bool = False
     concurrencies: list[int] | None = None  # the k x concurrency sweep (our engine); None: batch_size alone
 
     def for_draft(self, draft: DraftModel) -> EvalSettings:

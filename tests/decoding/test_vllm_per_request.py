@@ -32,7 +32,7 @@ def per_request_eval(served_pair, tmp_path_factory):  # noqa: F811 - the fixture
     verifier_dir, draft_dir = served_pair
     out = tmp_path_factory.mktemp("per-request")
     settings = EvalSettings(
-        ks=KS, max_new_tokens=32, max_prompts=8, batch_size=4, vllm=True, oracle=False, compare_plain=False
+        ks=KS, max_new_tokens=32, max_prompts=8, batch_size=4, vllm=True, compare_plain=False
     )
     results = evaluate(draft_dir, str(verifier_dir), settings=settings, output_dir=out, dtype="float32")
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
