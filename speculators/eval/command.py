@@ -23,7 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="chat JSONL (messages / conversations / prompt per line) or a data_gen output dir (its "
         "heldout_conversations.jsonl); default: the 32 prompts shipped with the package",
     )
-    parser.add_argument("--max-prompts", type=int, help="use only the first N prompts")
+    parser.add_argument(
+        "--max-prompts", type=int, help="use only the first N prompts (with --suite: --max-prompts-per-suite)"
+    )
     parser.add_argument(
         "--suite",
         help="comma list of prompt sets, measured per suite and per category: mtbench (80 two-turn questions, the "
