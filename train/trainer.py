@@ -37,6 +37,7 @@ from train.assemble import (
     lr_at,
     make_accelerator,
     make_optimizer,
+    outside_zero3_init,
     set_lr,
 )
 from train.data import row_buckets, run_loader, training_loss_mask
@@ -144,7 +145,10 @@ class Trainer:
 
     def _prepare_model(self) -> None:
         settings, train = self.settings, self.settings.train
-        head = self.features.target_head(self.vocab.target_ids)
+        with outside_zero3_init(
+            self.accelerator
+        ):  # frozen and whole on every rank (its norm is built by transformers)
+            head = self.features.target_head(self.vocab.target_ids)
         self._check_head(head)
         head_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         self.head = head.to(self.device, dtype=head_dtype)

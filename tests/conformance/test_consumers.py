@@ -86,7 +86,11 @@ def test_speculators_package_loads_our_export_and_computes_our_logits(
     assert loaded["verifier"] == str(verifier.directory)
     if loaded["norm_before_residual"] is not None:  # a key of the EAGLE-3 family's config
         assert loaded["norm_before_residual"] is config.norm_before_residual
+    assert loaded["layer_model_type"] == config.transformer_layer_config["model_type"]
     assert not [n for n, info in loaded["tensors"].items() if info["has_nan"]]
+    # what the package adds on its own comes from the verifier (its head, norm or embedding), nothing else
+    added = set(loaded["tensors"]) - set(load_tensors(export.directory))
+    assert all(n.startswith("verifier_") or n == "embed_tokens.weight" for n in added), added
     for tensor_name, tensor in load_tensors(export.directory).items():
         if tensor_name == "embed_tokens.weight" and tensor_name not in loaded["tensors"]:
             continue  # a type whose consumers take the verifier's embedding (ours is that copy)
