@@ -15,7 +15,6 @@ when the two disagree (:func:`check_head`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from speculators.atomic import fsync_replace, temp_sibling
 
 PROBE_NAME = "head_probe.safetensors"  # beside the features (data_gen output, the stream spool)
 PROBE_POSITIONS = 32  # real positions of the first training sample
@@ -46,16 +47,19 @@ class HeadProbe:
     top_logprobs: torch.Tensor  # [N, K] float32: their log-probabilities under the verifier's full forward
 
     def save(self, path: str | Path) -> None:
-        """Written under a temporary name and renamed, so a reader never sees half a probe."""
+        """Written to a temporary sibling and renamed (speculators.atomic), so a reader never sees half a probe."""
         path = Path(path)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tensors = {
             "last_prenorm": self.last_prenorm.contiguous(),
             "top_ids": self.top_ids.contiguous(),
             "top_logprobs": self.top_logprobs.contiguous(),
         }
-        save_file(tensors, str(temporary))
-        os.replace(temporary, path)
+        temporary = temp_sibling(path)
+        try:
+            save_file(tensors, str(temporary))
+            fsync_replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: str | Path) -> HeadProbe | None:

@@ -14,14 +14,13 @@ the timings of the batch the request ran in (shared by its rows: ``batch`` says 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from speculators.atomic import atomic_write_text
 from speculators.decoding.metrics import DecodingStats
 
 REQUESTS_NAME = "requests.jsonl"
@@ -89,18 +88,9 @@ class Request:
 
 
 def write_requests(rows: Iterable[Request], path: Path) -> None:
-    """``requests.jsonl`` written atomically (temp file in the same directory, then renamed): a reader never sees a
-    half-written table, and an interrupted run leaves the previous one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(handle, "w") as out:
-            for row in rows:
-                out.write(json.dumps(row.to_json()) + "\n")
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    """``requests.jsonl`` written atomically (speculators.atomic): a reader never sees a half-written table, and an
+    interrupted run leaves the previous one."""
+    atomic_write_text(path, "".join(json.dumps(row.to_json()) + "\n" for row in rows))
 
 
 def read_requests(path: Path) -> list[Request]:
