@@ -23,19 +23,12 @@ from speculators.mask_token import resolve_mask_token
 from speculators.serving import vllm_bridge as bridge
 from tests.conformance.units import NEW_TOKENS, UNITS, K, control_names, write_control
 from tests.conftest import require_consumer
+from tests.support.quickfit import FIT_TEXTS
 from tests.support.tiny_models import single_thread
 from tests.support.verifiers import build_tiny_verifier
 
 INIT_STD = 0.3
 ALPHABET = 64
-TEXTS = [
-    "What is the capital of France?",
-    "Write a short poem about the sea.",
-    "Name three prime numbers.",
-    "How do birds fly?",
-    "Tell me a joke.",
-    "Explain rain to a child.",
-]
 
 
 @dataclass
@@ -57,9 +50,9 @@ class Export:
 
 
 def chat_prompts(tokenizer) -> list[list[int]]:
-    """``TEXTS`` as SmolLM2 chat prompts (token ids: both engines get exactly the same input)."""
+    """``FIT_TEXTS`` as SmolLM2 chat prompts (token ids: both engines get exactly the same input)."""
     prompts = []
-    for text in TEXTS:
+    for text in FIT_TEXTS:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return prompts

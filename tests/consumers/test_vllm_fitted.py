@@ -32,7 +32,7 @@ from speculators.serving import vllm_bridge as bridge
 from tests.conftest import require_consumer
 from tests.export.conftest import write_eagle3_original, write_specforge
 from tests.export.test_convert import make_old_speculators
-from tests.support import quickfit  # the quick-fit mini trainer: imported in this one place only
+from tests.support import quickfit  # the quick-fit mini trainer
 from tests.support.verifiers import build_tiny_verifier
 from train.targets import TargetHead
 
@@ -46,14 +46,6 @@ K = 3
 NEW_TOKENS = 32
 DRAFT_VOCAB = 512
 INIT_STD = 0.3
-TEXTS = [
-    "What is the capital of France?",
-    "Write a short poem about the sea.",
-    "Name three prime numbers.",
-    "How do birds fly?",
-    "Tell me a joke.",
-    "Explain rain to a child.",
-]
 # the negative controls and how far (at least) each must move vLLM's acceptance length from ours
 CONTROLS = ("aux-ids-one-off", "transposed-o_proj", "norm_before_residual-flipped")
 MIN_SHIFT = 0.3
@@ -70,7 +62,7 @@ class Fitted:
 
 def chat_prompts(tokenizer) -> list[list[int]]:
     prompts = []
-    for text in TEXTS:
+    for text in quickfit.FIT_TEXTS:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         prompts.append(list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids))
     return prompts

@@ -27,6 +27,16 @@ from train.losses import step_masks, step_terms
 from train.targets import TargetHead, needed_positions, target_draft_ids, target_logits
 from train.unroll import TTTDraft
 
+# the short prompts a draft is fitted on and decoded with by the consumer tests (its greedy continuations are the data)
+FIT_TEXTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Name three prime numbers.",
+    "How do birds fly?",
+    "Tell me a joke.",
+    "Explain rain to a child.",
+]
+
 
 @dataclass
 class FitData:
