@@ -114,6 +114,9 @@ def save_step(
         staging.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(staging / runs.STATE_DIR))
+    # Every rank writes its own RNG file into staging/state; the main process renames staging below, so it must
+    # wait for the slowest rank's write first (outside DeepSpeed nothing else here is collective).
+    accelerator.wait_for_everyone()
     state = gather_draft_state(accelerator, model)
     if accelerator.is_main_process:
         write_draft(staging / runs.DRAFT_DIR, config, state)

@@ -481,6 +481,10 @@ class Trainer:
         del self.model, self.optimizer
         if getattr(self, "features", None) is not None:
             self.features.close()
+        # accelerate keeps the DeepSpeed engine; free_memory destroys it (ZeRO-3's optimizer drops its hooks and
+        # pending gathers) before the process group goes: a gloo thread still holding a gather at interpreter exit
+        # aborted one rank of a finished 2-process ZeRO-3 run ("terminate called without an active exception")
+        acc.free_memory()
         gc.collect()
         acc.end_training()
         reset_distributed()
