@@ -18,7 +18,7 @@ export DS_BUILD_OPS := 0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: vllm-flavour-changed setup consumers vllm-env speculators-env test test-fast demo bench lint clean
+.PHONY: vllm-flavour-changed setup consumers vllm-env speculators-env test test-fast demo bench bench-extended lint clean
 
 setup: $(VENV)/.stamp
 
@@ -61,8 +61,10 @@ $(SPEC_VENV)/.stamp: pyproject.toml
 	$(SPEC_VENV)/bin/pip uninstall $(PIP_QUIET) -y $$($(PIN) remove_from_consumers) || true
 	touch $@
 
+# two pytest-xdist workers on the 2-core machine; a module (or the conformance package) stays on one worker
+TEST_WORKERS ?= 2
 test: setup consumers
-	$(PY) -m pytest -q -ra --durations=25
+	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: setup
 	$(PY) -m pytest -q -ra --durations=25 -m "not consumer and not slow"
@@ -72,6 +74,12 @@ demo: setup vllm-env
 
 bench: setup vllm-env
 	$(PY) bench/run.py
+
+# after `make bench` (it reuses its data and EAGLE-3 run): the peer trainer's lanes and the learning curve
+# (bench/lanes.py, run "extended"; about an hour on the 2-core bench machine), then SUMMARY.md again
+bench-extended: setup vllm-env speculators-env
+	$(PY) -m bench.acceptance_bench --run extended
+	$(PY) -m bench.summary
 
 lint: setup
 	$(PY) -m ruff check speculators data_gen train tests bench
