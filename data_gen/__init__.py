@@ -1,5 +1,6 @@
 """The data-generation stage: chat data → loss masks → (regenerated responses) → verifier hidden states on disk
-(one layout for every algorithm: EAGLE-3, HASS, P-EAGLE, DFlash and DSpark all train on it, offline or streamed).
+(one layout for every algorithm: every registered drafter trains on it, offline or streamed; MTP reads the last
+layer's state among them).
 
 Modules (one concept each): ``sources`` (load + normalise + split conversations), ``masks`` (assistant-only loss
 masks from the verifier's chat template), ``regenerate`` (optional on-policy responses), ``capture`` (the batched

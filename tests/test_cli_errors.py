@@ -107,3 +107,13 @@ def test_pipeline_entry_points_report_a_recipe_mistake_in_one_line(script, overr
     result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "values"), [("--concurrency", ["1", "0"]), ("--batch-size", ["0"]), ("-k", ["-1"])]
+)
+def test_eval_refuses_a_size_below_one_before_loading_anything(flag, values, tmp_path, capsys):
+    """A batch of 0 would never finish a sweep; said in one line before any model is read (the draft path does
+    not even exist)."""
+    assert cli_main(["eval", str(tmp_path / "no-such-dir"), flag, *values]) == 2
+    assert f"error: {flag} takes whole numbers of at least 1" in one_error_line(capsys)

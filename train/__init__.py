@@ -1,6 +1,6 @@
-"""The training stage: EAGLE-3 / HASS (training-time test), P-EAGLE, DFlash and DSpark drafts trained under
-accelerate (+ DeepSpeed ZeRO); each algorithm's objective is one module of ``objectives/`` (``ttt``,
-``parallel_eagle``, ``anchor_blocks``).
+"""The training stage: EAGLE-3 / HASS / EAGLE-3.1 (training-time test), P-EAGLE, DFlash, DSpark, DFlash2 and MTP
+drafts trained under accelerate (+ DeepSpeed ZeRO); each algorithm's objective is one module of ``objectives/``
+named after it (``eagle3`` also trains HASS and EAGLE-3.1, ``dflash`` also DSpark; ``peagle``, ``dflash2``, ``mtp``).
 
 Entry point: ``accelerate launch train/run.py recipe=<name>``. Modules, one concept each: ``ttt_attention`` (linear
 memory TTT attention), ``targets`` (verifier distributions from stored pre-norm states), ``losses`` (soft CE / KL,

@@ -1,4 +1,5 @@
-"""Anchor-block attention with ``flex_attention``: the block drafters' (DFlash, DSpark) training kernel on CUDA.
+"""Anchor-block attention with ``flex_attention``: the block drafters' training kernel on CUDA
+(train/objectives/dflash.py and its variants).
 
 Every sampled anchor t of a micro batch owns one block of ``S`` slots; a slot's query sees
 
@@ -16,13 +17,13 @@ at the 8B recipes).
 
 Fixed shapes: compiled flex (``dynamic=False``) is specialised to its shapes, and the trainer makes a recompile past
 the row buckets fatal (:func:`train.ttt_attention.limit_flex_recompiles`). So the anchors are padded to
-``train.max_anchors`` (a padded anchor sees only its own zero block, never a context key, so no row of the softmax
+``block.max_anchors`` (a padded anchor sees only its own zero block, never a context key, so no row of the softmax
 is empty and its output is dropped), and rows are already padded to a bucket. Evaluation anchors every valid
 position (a varying count) and has no backward, so it runs the chunked kernel.
 
 On CPU (torch 2.13) flex attention runs forward only, eager or compiled; its backward raises ``NotImplementedError``
 ("FlexAttention does not support backward on CPU"), so training on CPU uses the chunked kernel
-(:func:`train.objectives.anchor_blocks.anchored_attention`), ``auto`` picks it, and forcing flex fails at start-up
+(:func:`train.objectives.dflash.anchored_attention`), ``auto`` picks it, and forcing flex fails at start-up
 (:func:`train.ttt_attention.resolve_backend`). The CPU tests compare flex's forward and its mask with the chunked
 path; ``scripts/gpu_check.py`` compares training steps (values and gradients) on a GPU.
 """

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from speculators import algorithms, runs
-from speculators.format.config import Eagle3Config
-from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.algorithms.eagle3 import norm_flags
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.precision import Precision, choose
 from speculators.verifier import (
     read_verifier_tensors,
@@ -186,8 +187,8 @@ def recipe_draft_config(
 ) -> Eagle3Config:
     """The one mapping from a recipe to a draft config, shared by the trainer and the memory planner (which has
     no vocabulary yet and must not convert the embedded verifier just to name it), so the plan is of the draft
-    the trainer builds."""
-    return Eagle3Config.from_verifier(
+    the trainer builds. The optional norms are the recipe's, else what ``train.algorithm`` declares (EAGLE-3.1)."""
+    config = Eagle3Config.from_verifier(
         verifier_config,
         name_or_path=name_or_path,
         draft_vocab_size=draft_vocab_size,
@@ -199,6 +200,9 @@ def recipe_draft_config(
         torch_dtype="float32",
         sliding_window=settings.model.sliding_window,
     )
+    for flag, value in norm_flags(settings.train.algorithm, settings.model).items():
+        setattr(config, flag, value)
+    return config
 
 
 @torch.no_grad()
@@ -236,83 +240,12 @@ def build_draft(
     return draft
 
 
-def build_block_draft(
-    settings: TrainSettings,
-    config_class: Any,
-    model_class: Any,
-    verifier_config: dict[str, Any],
-    features: Any,
-    vocab: DraftVocab,
-    head: TargetHead,
-) -> Any:
-    """A fresh block drafter (DFlash family; same init on every rank): the mask token resolved
-    (:mod:`speculators.mask_token`, the reason written into the config), the verifier's embedding, its lm_head rows
-    of the draft vocabulary. The final norm stays at ones: the verifier's gain on an untrained draft's state makes
-    its logits over-confident (measured on EAGLE-3's demo recipe: step-0 held-out loss 53.4 vs 28.8)."""
-    model = settings.model
-    embedding = verifier_embedding(settings.verifier.name_or_path)
-    mask_id, reason = draft_mask_token(settings, features, embedding.shape[0])
-    config = block_draft_config(
-        settings,
-        config_class,
-        verifier_config,
-        features.aux_layer_ids,
-        vocab.draft_vocab_size,
-        mask_id,
-        reason,
-    )
-    torch.manual_seed(settings.seed)
-    draft = model_class(config)
-    draft.set_vocab(vocab.d2t, vocab.t2d)
-    draft.embed_tokens.weight.data.copy_(embedding.to(draft.embed_tokens.weight.dtype))
-    if model.init_lm_head_from_verifier:
-        draft.lm_head.weight.data.copy_(head.draft_weight.to(draft.lm_head.weight.dtype))
-    if model.fc_init == "feature_rms":
-        scale_fc_by_feature_rms(draft, features.feature_rms().to(draft.fc.weight.device))
-    return draft
-
-
-def block_draft_config(
-    settings: TrainSettings,
-    config_class: Any,
-    verifier_config: dict[str, Any],
-    aux_layer_ids: list[int],
-    draft_vocab_size: int,
-    mask_token_id: int,
-    mask_token_source: str,
-    name_or_path: str | None = None,
-) -> Any:
-    """A block drafter's config.json of a recipe (the trainer's and the memory plan's, which passes the verifier's
-    name as written: it must not convert the embedded verifier just to name it)."""
-    model = settings.model
-    config = config_class.from_verifier(
-        verifier_config,
-        name_or_path=name_or_path or resolve_verifier_path(settings.verifier.name_or_path),
-        mask_token_id=mask_token_id,
-        mask_token_source=mask_token_source,
-        draft_vocab_size=draft_vocab_size,
-        aux_layer_ids=aux_layer_ids,
-        num_layers=model.num_layers,
-        block_size=model.block_size,
-        block_causal=model.block_causal,
-        torch_dtype="float32",
-        **_declared_fields(config_class, {"markov_rank": model.markov_rank}),
-    )
-    config.speculators_config.proposal_methods[0].speculative_tokens = config.draft_slots
-    return config
-
-
-def _declared_fields(config_class: Any, values: dict[str, Any]) -> dict[str, Any]:
-    """The recipe values a config class declares a field for (DSpark's ``markov_rank``; DFlash has none)."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(config_class)}
-    return {key: value for key, value in values.items() if key in names}
-
-
-def draft_mask_token(settings: TrainSettings, features: Any, embedding_rows: int) -> tuple[int, str]:
-    """``(mask_token_id, reason)`` of a draft with mask slots (:mod:`speculators.mask_token`): the recipe's id, else
-    one chosen from the verifier's tokenizer (if its directory has one) and the training data's token counts."""
+def draft_mask_token(
+    settings: TrainSettings, features: Any, embedding_rows: int, wanted: int | None, key: str
+) -> tuple[int, str]:
+    """``(mask_token_id, reason)`` of a draft with mask slots (:mod:`speculators.mask_token`): the recipe's id
+    (``wanted``, set under the objective group's ``key``), else one chosen from the verifier's tokenizer (if its
+    directory has one) and the training data's token counts."""
     from transformers import AutoTokenizer
 
     from speculators.mask_token import resolve_mask_token
@@ -321,7 +254,7 @@ def draft_mask_token(settings: TrainSettings, features: Any, embedding_rows: int
         tokenizer = AutoTokenizer.from_pretrained(resolve_verifier_path(settings.verifier.name_or_path))
     except (OSError, ValueError):  # a verifier directory without tokenizer files
         tokenizer = None
-    return resolve_mask_token(tokenizer, embedding_rows, features.counts, settings.model.mask_token_id)
+    return resolve_mask_token(tokenizer, embedding_rows, features.counts, wanted, key)
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
-"""What a TTT unroll is scored by: soft cross-entropy (forward KL) per step, HASS's top-K distillation, top-1
-accuracy and the simulated acceptance length.
+"""What a TTT unroll is scored by: soft cross-entropy (forward KL) per step, an objective's optional extra per-row
+term (:data:`RowTerm`, summed as ``StepTerms.topk``), top-1 accuracy and the simulated acceptance length.
 
 Alignment (docs/algorithms.md), per row of length L and drafting step j (0-based):
 
@@ -17,10 +17,15 @@ reported as soft CE.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+# an objective's extra loss term per selected row, from the draft's and the verifier's logits ``[N, V]`` → ``[N]``
+# (the top-K distillation of train/objectives/eagle3.py); summed beside the CE, logged as the step's top-K term
+RowTerm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def step_weights(steps: int, decay: float) -> list[float]:
@@ -77,24 +82,21 @@ def soft_cross_entropy(draft_logits: torch.Tensor, target_logits: torch.Tensor) 
     return -(target * F.log_softmax(draft_logits.float(), dim=-1)).sum(-1)
 
 
-def topk_distillation(draft_logits: torch.Tensor, target_logits: torch.Tensor, k: int) -> torch.Tensor:
-    """HASS harmonized objective: ``-Σ_{i ∈ TopK(p)} p_i log q_i`` per row (p, q over the draft vocab)."""
-    target = torch.softmax(target_logits.float(), dim=-1)
-    top_p, top_i = target.topk(min(k, target.shape[-1]), dim=-1)
-    return -(top_p * F.log_softmax(draft_logits.float(), dim=-1).gather(-1, top_i)).sum(-1)
-
-
 @dataclass
 class StepTerms:
     """Sums over one step's positions (loss terms keep their graph)."""
 
     ce: torch.Tensor
-    topk: torch.Tensor
+    topk: torch.Tensor  # the objective's extra term (:data:`RowTerm`), zero without one
     correct: torch.Tensor  # top-1 agreement with the verifier at valid positions
 
 
 def step_terms(
-    draft_logits: torch.Tensor, verifier_logits: torch.Tensor, masks: StepMasks, step: int, topk: int = 0
+    draft_logits: torch.Tensor,
+    verifier_logits: torch.Tensor,
+    masks: StepMasks,
+    step: int,
+    extra: RowTerm | None = None,
 ) -> StepTerms:
     """Loss sums for step ``step``: draft logits at t against the verifier's at t+1+step, on trained positions.
 
@@ -105,7 +107,7 @@ def step_terms(
     target_sel = verifier_logits[batch_idx, pos_idx + 1 + step]
     with torch.no_grad():
         hits = (draft_logits.argmax(-1) == masks.target_draft_id[step]) & masks.valid[step]
-    return _terms(draft_sel, target_sel, hits, topk)
+    return _terms(draft_sel, target_sel, hits, extra)
 
 
 def element_terms(
@@ -114,7 +116,7 @@ def element_terms(
     verifier_logits: torch.Tensor,
     masks: StepMasks,
     step: int,
-    topk: int = 0,
+    extra: RowTerm | None = None,
 ) -> StepTerms:
     """:func:`step_terms` for draft logits ``[N, Vd]`` computed only at ``elements`` (flat ``row · L + t`` indices,
     sorted, covering every valid position of the step): the same sums, in the same order."""
@@ -126,12 +128,14 @@ def element_terms(
     with torch.no_grad():
         target = masks.target_draft_id[step][batch_idx, pos_idx]
         hits = (draft_logits.argmax(-1) == target) & masks.valid[step][batch_idx, pos_idx]
-    return _terms(draft_sel, target_sel, hits, topk)
+    return _terms(draft_sel, target_sel, hits, extra)
 
 
-def _terms(draft_sel: torch.Tensor, target_sel: torch.Tensor, hits: torch.Tensor, topk: int) -> StepTerms:
+def _terms(
+    draft_sel: torch.Tensor, target_sel: torch.Tensor, hits: torch.Tensor, extra: RowTerm | None
+) -> StepTerms:
     ce = soft_cross_entropy(draft_sel, target_sel).sum()
-    top = topk_distillation(draft_sel, target_sel, topk).sum() if topk > 0 else ce.new_zeros(())
+    top = extra(draft_sel, target_sel).sum() if extra is not None else ce.new_zeros(())
     return StepTerms(ce=ce, topk=top, correct=hits.sum().double())
 
 
@@ -174,6 +178,7 @@ def acceptance_summary(counts: torch.Tensor) -> dict[str, float | list[float]]:
 
 
 __all__ = [
+    "RowTerm",
     "StepMasks",
     "StepTerms",
     "acceptance_counts",
@@ -184,5 +189,4 @@ __all__ = [
     "step_masks",
     "step_terms",
     "step_weights",
-    "topk_distillation",
 ]

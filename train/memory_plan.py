@@ -13,12 +13,11 @@ if every position were a trained position (packing fills every row), which is th
 Assumptions (also written into the JSON): micro batches are ``micro_batch_size`` rows of ``max_length`` tokens
 (packed full); the traced kernel is the linear-memory chunked TTT attention (flex attention keeps the same q/k/v/out
 and log-sum-exp, never a score matrix), plus, where the recipe's backend is flex (auto on CUDA), the keys and values
-flex concatenates and zero-pads to the unroll's full key length at every step and keeps for backward, and for the
-block drafters under flex what their flex attention keeps beyond the chunked trace (the rows' context keys/values
-as one sequence, per-anchor outputs and log-sum-exp, the block mask: train.anchor_attention.flex_held_bytes, at
-``max_anchors`` anchors); gradients are freed as they are accumulated (DeepSpeed reduces them into
-its own buffers, counted in the static part), and allocator fragmentation and the CUDA context (~0.5-1 GB) are not
-in the count.
+flex concatenates and zero-pads to the unroll's full key length at every step and keeps for backward, and whatever
+else the objective's kernel keeps for backward beyond the chunked trace (its ``memory_terms``: e.g. an anchor-block
+flex attention's context copy, per-anchor outputs and block mask at the recipe's anchor count); gradients are
+freed as they are accumulated (DeepSpeed reduces them into its own buffers, counted in the static part), and
+allocator fragmentation and the CUDA context (~0.5-1 GB) are not in the count.
 
 The recipe's ``memory_plan`` section names the hardware it is meant for (``gpu``, ``gpus``, ``gpu_memory_gib``) and
 optionally a Ulysses ``sequence_parallel`` degree; the plan then says, under ``hardware``, which layouts (ZeRO 0-3 and
@@ -233,25 +232,6 @@ def flex_padded_key_bytes(
     return 2 * one * ttt_steps * draft_config.num_layers
 
 
-def flex_block_bytes(settings: TrainSettings, draft_config: Any, dtype: torch.dtype) -> dict[str, int]:
-    """What the block drafters' flex attention keeps for backward beyond the chunked trace, by part (context,
-    anchors, block_mask: :func:`train.anchor_attention.flex_held_bytes`) at the recipe's ``max_anchors`` (flex pads
-    to it) and full blocks; empty when the recipe asks for the chunked (or dense) kernel."""
-    from train.anchor_attention import flex_held_bytes
-
-    train = settings.train
-    if train.attention_backend not in ("auto", "flex"):  # auto: flex on the CUDA GPUs this plans for
-        return {}
-    return flex_held_bytes(
-        train.micro_batch_size,
-        train.max_length,
-        train.max_anchors,
-        draft_config.block_size,
-        draft_config,
-        dtype,
-    )
-
-
 def batch_bytes(batch: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in batch.values())
 
@@ -362,7 +342,7 @@ def build_meta_draft(
     config: TrainSettings | dict[str, Any], verifier_config: dict[str, Any], dtype: torch.dtype
 ) -> tuple[torch.nn.Module, Any, Any]:
     """The recipe's wrapped draft with meta parameters, its config and its objective (the same config builders
-    as the trainer's: :func:`train.assemble.draft_config` / ``block_draft_config``)."""
+    as the trainer's: the objective's ``meta_model`` builds its config as its ``build`` does)."""
     from data_gen.capture import resolve_aux_layer_ids
     from train.objectives import objective_for
 

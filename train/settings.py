@@ -6,10 +6,13 @@ used — after warmup, or thousands of steps into a long run. :meth:`TrainSettin
 problem of a recipe at once, each naming its key and what it accepts.
 
 Groups (see the commented recipes/<group>/*.yaml): ``verifier``, ``model``, ``train``, ``optim``, ``schedule``,
-``deepspeed``, ``logging``, ``eval`` and ``export``. ``data`` and ``data_gen`` belong to :mod:`data_gen`; ``data``
-is carried as given for online training, which encodes conversations exactly as data_gen does. A missing key takes
-its recipe default (so a partial plain dict, as scripts/gpu_check.py has, builds settings too); an unknown key in
-a group is an error. No omegaconf import at module level: a plain dict builds settings without it.
+``deepspeed``, ``logging``, ``eval`` and ``export``, shared by every algorithm; beside them the groups
+``train.algorithm``'s objective declares (e.g. the block drafters' ``block``), built the same way into
+:attr:`TrainSettings.objective` (:class:`AlgorithmRules`), so no algorithm's knob sits in a shared group. ``data``
+and ``data_gen`` belong to :mod:`data_gen`; ``data`` is carried as given for online training, which encodes
+conversations exactly as data_gen does. A missing key takes its recipe default (so a partial plain dict, as
+scripts/gpu_check.py has, builds settings too); an unknown key in a group is an error, and so is a group of another
+algorithm. No omegaconf import at module level: a plain dict builds settings without it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from typing import Any, Protocol
 
 from speculators import draft_layer_types
 
-POSITION_WEIGHTINGS = ("exp_decay", "dpace")
 DATA_MODES = (
     "offline",
     "online",
@@ -63,7 +65,7 @@ class VerifierSettings:
     aux_layer_ids: tuple[int, ...] | None = None
 
     def problems(self) -> list[str]:
-        return _choice("verifier.dtype", self.dtype, VERIFIER_DTYPES)
+        return one_of("verifier.dtype", self.dtype, VERIFIER_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -77,41 +79,23 @@ class ModelSettings:
     fc_init: str = "default"
     init_lm_head_from_verifier: bool = True
     warm_start: str = "none"
-    # block drafters (DFlash family): slots per forward (anchor + draft slots), intra-block causality, mask token
-    block_size: int = 8
-    block_causal: bool = True
-    mask_token_id: int | None = None
-    markov_rank: int = 256  # DSpark's Markov head rank
-    # P-EAGLE: train the embedding too (speculators 0.9.0 always does); EAGLE-3 and DFlash keep it frozen
-    embed_requires_grad: bool = False
-    # EAGLE-3 / HASS long-context drafts: every draft layer attends over this many positions (null: all)
+    # long-context drafts: every draft layer attends over this many positions (null: all); an objective whose
+    # layers take no window refuses it (``Objective.sliding_window_layers``)
     sliding_window: int | None = None
+    # optional norms (RMSNorm over the concatenated aux states before fc; the normed hidden state carried to the
+    # next step). None: what train.algorithm's variant declares, else false
+    norm_before_fc: bool | None = None
+    norm_output: bool | None = None
 
     def problems(self) -> list[str]:
-        found = _at_least("model.num_layers", self.num_layers, 1)
-        found += _at_least("model.block_size", self.block_size, 2)
-        found += _at_least("model.mask_token_id", self.mask_token_id, 0)
-        found += _choice("model.warm_start", self.warm_start, WARM_STARTS)
-        found += _at_least("model.draft_vocab_size", self.draft_vocab_size, 1)
-        found += _at_least("model.sliding_window", self.sliding_window, 1)
-        found += _choice("model.fc_init", self.fc_init, FC_INITS)
+        found = at_least("model.num_layers", self.num_layers, 1)
+        found += one_of("model.warm_start", self.warm_start, WARM_STARTS)
+        found += at_least("model.draft_vocab_size", self.draft_vocab_size, 1)
+        found += at_least("model.sliding_window", self.sliding_window, 1)
+        found += one_of("model.fc_init", self.fc_init, FC_INITS)
         if self.layer_type is not None:
-            found += _choice("model.layer_type", self.layer_type, draft_layer_types.names())
+            found += one_of("model.layer_type", self.layer_type, draft_layer_types.names())
         return found
-
-
-@dataclass(frozen=True)
-class HassSettings:
-    """``train.hass``: HASS's top-K term and context detach, read by its objective (train/objectives/ttt.py)."""
-
-    topk: int = 10
-    topk_weight: float = 0.0
-    detach_context: bool = True
-
-    def problems(self) -> list[str]:
-        return _at_least("train.hass.topk", self.topk, 1) + _at_least(
-            "train.hass.topk_weight", self.topk_weight, 0
-        )
 
 
 @dataclass(frozen=True)
@@ -130,10 +114,10 @@ class StreamSettings:
     max_restarts: int = 5
 
     def problems(self) -> list[str]:
-        found = _at_least("train.stream.chunk_steps", self.chunk_steps, 1)
-        found += _at_least("train.stream.local_producers", self.local_producers, 0)
-        found += _at_least("train.stream.producer_threads", self.producer_threads, 1)
-        found += _at_least("train.stream.max_restarts", self.max_restarts, 0)
+        found = at_least("train.stream.chunk_steps", self.chunk_steps, 1)
+        found += at_least("train.stream.local_producers", self.local_producers, 0)
+        found += at_least("train.stream.producer_threads", self.producer_threads, 1)
+        found += at_least("train.stream.max_restarts", self.max_restarts, 0)
         if not self.max_spool_gb > 0 or not self.producer_timeout_s > 0:
             found.append("train.stream.max_spool_gb and train.stream.producer_timeout_s must be > 0")
         return found
@@ -170,53 +154,37 @@ class LoopSettings:
     dry_run: bool = False
     init_from: str | None = None
     loss_positions: str = "assistant"  # training step only: validation stays on assistant text
-    # block drafters: anchors per micro batch, anchors per attention chunk, per-slot loss weighting
-    max_anchors: int = 512
-    anchor_chunk: int = 64
-    position_weighting: str = "exp_decay"
-    decay_gamma: float = 4.0
-    dpace_alpha: float = 0.5
-    confidence_weight: float = 1.0  # DSpark: weight of the confidence head's BCE
     max_cpu_seconds: float | None = None  # a CPU budget: the run (and its schedule) shortened to fit it
     # after the fit, hold the budget when the CPU per step rises (re-fit shorter, stop once spent); false: the
     # fitted length stands whatever the machine does, so a resumed run is step-for-step the uninterrupted one
     cpu_budget_hold: bool = True
-    hass: HassSettings = field(default_factory=HassSettings)
     stream: StreamSettings = field(default_factory=StreamSettings)
 
     def problems(self) -> list[str]:
         """The loop's own checks; ``train.algorithm`` is checked by the objectives (:class:`AlgorithmRules`)."""
-        found = _choice("train.position_weighting", self.position_weighting, POSITION_WEIGHTINGS)
-        found += _at_least("train.max_anchors", self.max_anchors, 1) + _at_least(
-            "train.anchor_chunk", self.anchor_chunk, 1
-        )
-        if not self.decay_gamma > 0 or not 0 < self.dpace_alpha <= 1:
-            found.append(
-                f"train.decay_gamma={self.decay_gamma} must be > 0 and train.dpace_alpha={self.dpace_alpha} in (0, 1]"
-            )
-        found += _choice("train.data_mode", self.data_mode, DATA_MODES)
-        found += _choice("train.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        found += _choice("train.loss_positions", self.loss_positions, LOSS_POSITIONS)
+        found = one_of("train.data_mode", self.data_mode, DATA_MODES)
+        found += one_of("train.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        found += one_of("train.loss_positions", self.loss_positions, LOSS_POSITIONS)
         if self.dtype in ("fp16", "float16"):
             found.append(
                 f"train.dtype={self.dtype!r}: use auto, bf16 or fp32 (fp16 needs loss scaling, not supported)"
             )
         else:
-            found += _choice("train.dtype", self.dtype, TRAIN_DTYPES)
+            found += one_of("train.dtype", self.dtype, TRAIN_DTYPES)
         for key in ("ttt_steps", "epochs", "micro_batch_size", "grad_accum", "attention_chunk"):
-            found += _at_least(f"train.{key}", getattr(self, key), 1)
+            found += at_least(f"train.{key}", getattr(self, key), 1)
         for key in ("max_steps", "max_samples", "cpu_threads", "max_cpu_seconds"):
-            found += _at_least(f"train.{key}", getattr(self, key), 1)  # or null
+            found += at_least(f"train.{key}", getattr(self, key), 1)  # or null
         for key in ("num_workers", "eval_every", "save_every", "keep_checkpoints", "noise_std"):
-            found += _at_least(f"train.{key}", getattr(self, key), 0)
-        found += _at_least("train.max_length", self.max_length, 2)
+            found += at_least(f"train.{key}", getattr(self, key), 0)
+        found += at_least("train.max_length", self.max_length, 2)
         if not self.step_weight_decay > 0:
             found.append(
                 f"train.step_weight_decay={self.step_weight_decay}: must be > 0 (step j weighs decay^j)"
             )
         if not self.resume:
             found.append("train.resume is empty: use auto, never or a checkpoint directory")
-        return found + self.hass.problems() + self.stream.problems()
+        return found + self.stream.problems()
 
 
 @dataclass(frozen=True)
@@ -232,13 +200,13 @@ class MuonSettings:
     adjust_lr_fn: str = "match_rms_adamw"
 
     def problems(self) -> list[str]:
-        found = _choice("optim.muon.adjust_lr_fn", self.adjust_lr_fn, MUON_LR_ADJUSTMENTS)
+        found = one_of("optim.muon.adjust_lr_fn", self.adjust_lr_fn, MUON_LR_ADJUSTMENTS)
         if not 0.0 <= self.momentum < 1.0:
             found.append(f"optim.muon.momentum={self.momentum}: must be in [0, 1)")
         return (
             found
-            + _at_least("optim.muon.weight_decay", self.weight_decay, 0)
-            + _at_least("optim.muon.ns_steps", self.ns_steps, 1)
+            + at_least("optim.muon.weight_decay", self.weight_decay, 0)
+            + at_least("optim.muon.ns_steps", self.ns_steps, 1)
         )
 
 
@@ -261,7 +229,7 @@ class OptimSettings:
         return self.grad_clip or 0.0
 
     def problems(self) -> list[str]:
-        found = _choice("optim.name", self.name, OPTIMIZERS)
+        found = one_of("optim.name", self.name, OPTIMIZERS)
         if not self.lr > 0:
             found.append(f"optim.lr={self.lr}: must be > 0")
         if not all(0.0 <= b < 1.0 for b in self.betas):
@@ -270,8 +238,8 @@ class OptimSettings:
             found.append(f"optim.eps={self.eps}: must be > 0")
         return (
             found
-            + _at_least("optim.weight_decay", self.weight_decay, 0)
-            + _at_least("optim.grad_clip", self.grad_clip, 0)
+            + at_least("optim.weight_decay", self.weight_decay, 0)
+            + at_least("optim.grad_clip", self.grad_clip, 0)
             + self.muon.problems()
         )
 
@@ -286,7 +254,7 @@ class ScheduleSettings:
     min_lr_ratio: float = 0.0
 
     def problems(self) -> list[str]:
-        found = _choice("schedule.name", self.name, SCHEDULES) + _at_least(
+        found = one_of("schedule.name", self.name, SCHEDULES) + at_least(
             "schedule.warmup_steps", self.warmup_steps, 0
         )
         for key in ("warmup_ratio", "min_lr_ratio"):
@@ -331,7 +299,7 @@ class WandbSettings:
     tags: tuple[str, ...] = ()
 
     def problems(self) -> list[str]:
-        return _choice("logging.wandb.mode", self.mode, WANDB_MODES)
+        return one_of("logging.wandb.mode", self.mode, WANDB_MODES)
 
 
 @dataclass(frozen=True)
@@ -343,7 +311,7 @@ class LoggingSettings:
     wandb: WandbSettings = field(default_factory=WandbSettings)
 
     def problems(self) -> list[str]:
-        return _at_least("logging.log_every", self.log_every, 0) + self.wandb.problems()
+        return at_least("logging.log_every", self.log_every, 0) + self.wandb.problems()
 
 
 @dataclass(frozen=True)
@@ -354,7 +322,7 @@ class EvalSettings:
     max_samples: int | None = 256
 
     def problems(self) -> list[str]:
-        return _at_least("eval.k", self.k, 1) + _at_least("eval.max_samples", self.max_samples, 1)
+        return at_least("eval.k", self.k, 1) + at_least("eval.max_samples", self.max_samples, 1)
 
 
 @dataclass(frozen=True)
@@ -362,13 +330,23 @@ class ExportSettings:
     speculative_tokens: int = 3
 
     def problems(self) -> list[str]:
-        return _at_least("export.speculative_tokens", self.speculative_tokens, 1)
+        return at_least("export.speculative_tokens", self.speculative_tokens, 1)
 
 
 # ---- the whole ----------------------------------------------------------------------------------------------
 class AlgorithmRules(Protocol):
     """What only the algorithm's training objective can say about a recipe. :mod:`train.objectives` implements it
     (``train.objectives.train_settings``), so this module names no algorithm and imports no objective (issue 30)."""
+
+    def groups(self, algorithm: str) -> Mapping[str, type] | None:
+        """The recipe groups ``algorithm``'s objective reads beside the shared ones: top-level key → the frozen
+        dataclass it builds; None for an unknown algorithm (:meth:`problems` reports it)."""
+        ...
+
+    def readers(self) -> Mapping[str, tuple[str, ...]]:
+        """Every objective group's key → the algorithms that read it (a group the chosen one does not read is an
+        error, not silently ignored)."""
+        ...
 
     def resolved(self, settings: TrainSettings) -> TrainSettings:
         """``settings`` with the defaults the algorithm decides filled in (``eval.k``: its drafted positions)."""
@@ -377,6 +355,13 @@ class AlgorithmRules(Protocol):
     def problems(self, settings: TrainSettings) -> list[str]:
         """A known ``train.algorithm``, and the combinations its objective cannot train."""
         ...
+
+
+class ObjectiveGroup(Protocol):
+    """A settings group an objective declares (a frozen dataclass): it checks its own values, each problem naming
+    the full key under ``prefix`` (the group's top-level recipe key)."""
+
+    def problems(self, prefix: str) -> list[str]: ...
 
 
 GROUPS = {
@@ -407,6 +392,9 @@ class TrainSettings:
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
     export: ExportSettings = field(default_factory=ExportSettings)
+    # the groups train.algorithm's objective declares (train.objectives), by recipe key: e.g. ``block`` for the
+    # block drafters; read through :meth:`group`
+    objective: dict[str, ObjectiveGroup] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # data_gen's, as given
     resolved: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the whole recipe
 
@@ -427,16 +415,27 @@ class TrainSettings:
                 values[name] = _field_value(cls, name, resolved[name], name, problems)
         for name, group in GROUPS.items():
             values[name] = _build(group, resolved.get(name), name, problems)
+        values["objective"] = _objective_groups(resolved, values["train"].algorithm, algorithm, problems)
         if problems:  # a group that failed to build cannot be checked further
             raise SettingsError(problems)
         settings = cls(**values, data=dict(resolved.get("data") or {}), resolved=resolved)
         settings = algorithm.resolved(settings)
         problems = algorithm.problems(settings)
         problems += [p for group in GROUPS for p in getattr(settings, group).problems()]
+        problems += [p for key, group in settings.objective.items() for p in group.problems(key)]
         problems += settings.combination_problems()
         if problems:
             raise SettingsError(problems)
         return settings
+
+    def group(self, key: str) -> Any:
+        """The objective group ``key`` (e.g. ``block``) of this recipe; a KeyError naming the groups
+        ``train.algorithm`` reads when it reads no such group (a bug of the caller, not of the recipe)."""
+        if key not in self.objective:
+            raise KeyError(
+                f"train.algorithm={self.train.algorithm} reads no {key!r} group (it reads {sorted(self.objective)})"
+            )
+        return self.objective[key]
 
     def combination_problems(self) -> list[str]:
         """Values each fine alone that the trainer cannot run together (the algorithm's own: its objective's)."""
@@ -451,6 +450,25 @@ class TrainSettings:
 
 
 # ---- building ----------------------------------------------------------------------------------------------
+def _objective_groups(
+    resolved: Mapping[str, Any], algorithm: str, rules: AlgorithmRules, problems: list[str]
+) -> dict[str, Any]:
+    """The groups ``algorithm``'s objective declares, built from the recipe (defaults for a missing one), and a
+    problem for each group of the recipe that another algorithm reads but this one does not."""
+    declared = rules.groups(algorithm)
+    if declared is None:  # an unknown train.algorithm: reported with the algorithm's problems
+        return {}
+    for key, readers in sorted(rules.readers().items()):
+        given = resolved.get(key)
+        if key not in declared and given is not None:
+            names = ", ".join(f"{key}.{name}" for name in given) if isinstance(given, Mapping) else key
+            problems.append(
+                f"{key}: train.algorithm={algorithm} does not read the {key} group, so {names} would be ignored "
+                f"(read by {', '.join(readers)}); remove {key} from the recipe or train one of those algorithms"
+            )
+    return {key: _build(group, resolved.get(key), key, problems) for key, group in declared.items()}
+
+
 def _plain(config: Any) -> dict[str, Any]:
     """A plain, resolved dict of ``config``; omegaconf is imported only for its own containers."""
     if isinstance(config, dict):
@@ -544,21 +562,21 @@ def _describe(kind: Any) -> str:
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, str(kind))
 
 
-def _choice(key: str, value: Any, allowed: tuple[Any, ...]) -> list[str]:
+def one_of(key: str, value: Any, allowed: tuple[Any, ...]) -> list[str]:
     return [] if value in allowed else [f"{key}={value!r}: use one of {', '.join(map(str, allowed))}"]
 
 
-def _at_least(key: str, value: float | None, low: float) -> list[str]:
+def at_least(key: str, value: float | None, low: float) -> list[str]:
     """``value`` (null passes: the key's documented default) must be at least ``low``."""
     return [] if value is None or value >= low else [f"{key}={value}: must be at least {low}"]
 
 
 __all__ = [
     "AlgorithmRules",
+    "ObjectiveGroup",
     "DeepSpeedSettings",
     "EvalSettings",
     "ExportSettings",
-    "HassSettings",
     "LoggingSettings",
     "LoopSettings",
     "ModelSettings",
@@ -570,4 +588,6 @@ __all__ = [
     "TrainSettings",
     "VerifierSettings",
     "WandbSettings",
+    "at_least",
+    "one_of",
 ]

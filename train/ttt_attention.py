@@ -431,7 +431,7 @@ class TTTAttention:
 
 
 # ---- gathered elements: P-EAGLE's sampled chains ------------------------------------------------------------
-# Training P-EAGLE scores depth d >= 1 only at the elements COD sampled (train/objectives/parallel_eagle.py), so
+# Training P-EAGLE scores depth d >= 1 only at the elements COD sampled (train/objectives/peagle.py), so
 # its unroll computes depth 0 at every position and depth d only at those elements. Element (t, d) sees what it
 # sees in the full unroll: the depth-0 keys of positions <= t of its document (chunked, exact) merged with the keys
 # of (t, 1..d) (:func:`merge_diagonal`). The element sets are prefix-closed ((t, d) computed => (t, d-1) computed),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from train.losses import shift_left
 from train.ttt_attention import TTTAttention
 

@@ -1,16 +1,20 @@
 """Drafting algorithms as declared units, keyed by ``speculators_model_type``.
 
-An algorithm declares, in one module of this package (``eagle3.py``, ``dflash.py``, ...):
+An algorithm is one package here (``eagle3/``, ``dflash/``, ...) holding its own pieces: ``config.py`` (its
+``config.json`` class), ``model.py`` (one module serving training, decoding and export), ``drafter.py`` (how the
+engine drafts with it, when not another algorithm's drafter) and whatever else is its own (EAGLE-3's validator
+``rules.py``, the block drafters' ``convert.py``). Its ``__init__`` declares the unit:
 
-* its config class (``config.json``) and model class (one module serving training, decoding and export);
+* its config and model classes;
 * how the engine drafts with it: ``sequential`` (k forwards for k tokens, EAGLE-3), ``block`` (one forward over a
-  block against context features, DFlash) or ``parallel`` (one forward of K slots over an EAGLE-3 KV cache, P-EAGLE);
+  block against context features, DFlash) or ``parallel`` (one forward of K slots over an EAGLE-3 KV cache, P-EAGLE),
+  and the drafter class doing it;
 * its export spec: the aux-layer ids it reads, the speculative tokens it serves, the tensors it must hold and the
   validator rules of its own keys, and how vLLM is told to run it.
 
 The trainer (``train/objectives``), the exporter, the validator and the engine look the unit up here and call it;
-none of them branches on the algorithm's name. A new algorithm is a new module in this package: every module here
-is imported and registers itself.
+none of them branches on the algorithm's name. A new algorithm is a new package here: every module and package
+here is imported and registers itself.
 """
 
 from __future__ import annotations
@@ -24,8 +28,31 @@ import torch
 
 from speculators.unit_modules import import_unit_modules
 
+# the type a config without ``speculators_model_type`` is (older exports were all EAGLE-3): the one place shared code
+# names it (:func:`of_config`, the format's default ``speculators_config.algorithm``, a recipe's default algorithm)
+LEGACY_TYPE = "eagle3"
+
 # fc's input columns and the optional norm over its input (``norm_before_fc``): every draft with an fc over aux states
 AUX_BLOCKED_BY_FC: tuple[tuple[str, int], ...] = (("fc.weight", 1), ("input_norm.weight", 0))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A drafter people name on its own that is a unit's model trained another way or with some of the unit's own
+    config keys set: HASS (an objective on the EAGLE-3 model, same config) or EAGLE-3.1 (EAGLE-3 with
+    ``norm_before_fc`` and ``norm_output`` true). Its name is a ``train.algorithm`` value; the export keeps the
+    unit's ``speculators_model_type``, which is what the consumers read."""
+
+    name: str  # the train.algorithm value
+    display_name: str  # how people name it (model cards, plots)
+    # the unit's own config keys this variant sets, as (key, value): the trainer builds the draft with them and a
+    # config holding them all is named after the variant; () when it differs only in training (HASS)
+    config: tuple[tuple[str, Any], ...] = ()
+    article: str = "A"  # the indefinite article its display name takes when spoken ("An EAGLE-3.1 draft")
+
+    def matches(self, config: dict[str, Any]) -> bool:
+        """Whether a ``config.json`` dict is this variant's (it sets every key the variant declares)."""
+        return bool(self.config) and all(config.get(key) == value for key, value in self.config)
 
 
 @dataclass(frozen=True)
@@ -36,6 +63,7 @@ class Algorithm:
     config_class: type
     model_class: type
     drafting: str  # "sequential", "block" or "parallel"
+    drafter_class: type  # the engine's drafter for it (speculators.decoding.drafters asks the unit for it)
     aux_layer_key: (
         str  # the config key holding the aux-layer ids (vLLM convention: residual entering layer k)
     )
@@ -49,6 +77,9 @@ class Algorithm:
     # legal but surprising settings of this type's own keys (e.g. one a consumer runs differently than trained)
     config_warnings: Callable[[dict[str, Any]], Iterator[str]] = lambda config: iter(())
     display_name: str = ""  # how people name it (model cards); the type name when empty
+    article: str = (
+        "A"  # the indefinite article the display name takes when spoken ("An MTP draft", "A DFlash draft")
+    )
     # warnings from the tensors against the verifier's (its name_or_path, when local): e.g. weights a consumer
     # replaces with the verifier's on load, so that the consumers would draft differently
     weight_warnings: Callable[[dict[str, Any], dict[str, torch.Tensor], str | None], Iterator[str]] = (
@@ -67,9 +98,9 @@ class Algorithm:
     # (``PEagleDraftModel``). Both consumers pick the model by ``speculators_model_type``, so each is legal; the
     # validator warns only on a string no producer writes (see ``architectures``)
     other_architectures: tuple[str, ...] = ()
-    # ``train.algorithm`` values that train this model besides its own name, each with how people name it (HASS:
-    # an objective on the EAGLE-3 model); the run's recorded algorithm tells the exporter the unit through it
-    trained_as: tuple[tuple[str, str], ...] = ()
+    # ``train.algorithm`` values that train this model besides its own name (:class:`Variant`: HASS, EAGLE-3.1);
+    # the run's recorded algorithm tells the exporter the unit through it
+    trained_as: tuple[Variant, ...] = ()
     # this type's own config keys the model card lists (beside the shape, vocabulary, aux ids and tokens)
     card_keys: tuple[str, ...] = ()
     # the draft config rebuilt from ZeRO shards saved without one: (unprefixed tensors, verifier config, verifier
@@ -77,6 +108,36 @@ class Algorithm:
     config_from_weights: (
         Callable[[dict[str, torch.Tensor], dict[str, Any], str, dict[str, Any]], dict[str, Any]] | None
     ) = None
+    # ``transformer_layer_config`` is the verifier's own config, not a draft layer of a declared draft layer type,
+    # and the draft predicts over the verifier's whole vocabulary without a ``draft_vocab_size`` key (MTP: the
+    # verifier's own MTP layer); the shared rules on both then leave the config to the unit's ``config_rules``
+    verifier_layer_config: bool = False
+    # the one tensor every checkpoint of this type holds: the exporter finds a wrapper's name prefix from it
+    anchor_tensor: str = "lm_head.weight"
+    # why no vLLM release serves this type from a speculators checkpoint (empty: vLLM serves it); the model card
+    # then points at our engine instead of printing a `vllm serve` that fails
+    vllm_unserved: str = ""
+    # the module of this unit's own package that converts other producers' layouts of it (``speculators convert``:
+    # ``LAYOUTS``, ``DETECT_ORDER``, ``detect``, ``convert``; see speculators.export.convert); '' when none does
+    converter: str = ""
+    # the class speculators 0.9.0 builds and loads this type with (``speculators.models.<type>.<class>``): the
+    # speculators-package bridge asks its worker for it by this name (the worker runs where our registry is not)
+    package_class: str = ""
+
+    def variant(self, algorithm: str) -> Variant | None:
+        """The declared variant a ``train.algorithm`` names; None for the unit's own name or an unknown one."""
+        return next((v for v in self.trained_as if v.name == algorithm), None)
+
+    def name_of(self, config: dict[str, Any]) -> str:
+        """How people name a draft of this type from its ``config.json`` alone: the variant whose keys it sets
+        (EAGLE-3.1), else the unit's display name."""
+        chosen = next((v for v in self.trained_as if v.matches(config)), None)
+        return chosen.display_name if chosen else (self.display_name or self.name)
+
+    def article_of(self, config: dict[str, Any]) -> str:
+        """The article :meth:`name_of`'s name takes: the matching variant's, else the unit's."""
+        chosen = next((v for v in self.trained_as if v.matches(config)), None)
+        return chosen.article if chosen else self.article
 
     @property
     def architectures(self) -> tuple[str, ...]:
@@ -134,13 +195,13 @@ def get(name: str) -> Algorithm:
 
 def of_config(config: dict[str, Any]) -> Algorithm:
     """The algorithm a ``config.json`` dict declares (eagle3 when the key is absent, as older exports were)."""
-    return get(str(config.get("speculators_model_type") or "eagle3"))
+    return get(str(config.get("speculators_model_type") or LEGACY_TYPE))
 
 
 def trained_by(algorithm: str) -> Algorithm:
     """The unit a ``train.algorithm`` trains (its own name, or one it declares in ``trained_as``)."""
     for unit in (get(name) for name in names()):
-        if algorithm == unit.name or algorithm in dict(unit.trained_as):
+        if algorithm == unit.name or unit.variant(algorithm) is not None:
             return unit
     raise ValueError(f"train.algorithm {algorithm!r} trains none of the declared algorithms {names()}")
 
@@ -152,7 +213,18 @@ def display_name(algorithm: str) -> str:
         unit = trained_by(algorithm)
     except ValueError:
         return ""
-    return dict(unit.trained_as).get(algorithm) or unit.display_name or unit.name
+    chosen = unit.variant(algorithm)
+    return chosen.display_name if chosen else (unit.display_name or unit.name)
+
+
+def variant_config(algorithm: str) -> dict[str, Any]:
+    """The unit config keys a ``train.algorithm`` sets (EAGLE-3.1's two norm flags); empty for a unit's own name,
+    a training-only variant (HASS) or a name no unit declares."""
+    try:
+        chosen = trained_by(algorithm).variant(algorithm)
+    except ValueError:
+        return {}
+    return dict(chosen.config) if chosen else {}
 
 
 def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32) -> Any:
@@ -164,7 +236,9 @@ def load_draft(directory: str | Path, dtype: torch.dtype = torch.float32) -> Any
 
 __all__ = [
     "AUX_BLOCKED_BY_FC",
+    "LEGACY_TYPE",
     "Algorithm",
+    "Variant",
     "display_name",
     "get",
     "load_draft",
@@ -172,4 +246,5 @@ __all__ = [
     "of_config",
     "register",
     "trained_by",
+    "variant_config",
 ]

@@ -1,7 +1,7 @@
-"""Which drafter decodes which draft: the one place that maps an algorithm's ``drafting`` to the engine's class.
+"""Which drafter decodes which draft: each algorithm unit names its drafter class (``Algorithm.drafter_class``).
 
 The engine and ``speculators eval`` look a draft's algorithm up by its config's ``speculators_model_type`` and take
-the drafter its ``drafting`` names, so a new algorithm that drafts sequentially or in blocks needs no engine change.
+the drafter it declares, so a new algorithm needs no engine change.
 """
 
 from __future__ import annotations
@@ -9,11 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from speculators import algorithms
-from speculators.decoding.block_drafter import BlockDrafter
-from speculators.decoding.drafter import Drafter
-from speculators.decoding.parallel_drafter import ParallelDrafter
-
-DRAFTERS: dict[str, type] = {"sequential": Drafter, "parallel": ParallelDrafter, "block": BlockDrafter}
 
 
 def algorithm_of(draft: Any) -> algorithms.Algorithm:
@@ -23,12 +18,7 @@ def algorithm_of(draft: Any) -> algorithms.Algorithm:
 
 def drafter_class(draft: Any) -> type:
     """The drafter class that decodes ``draft``."""
-    algorithm = algorithm_of(draft)
-    if algorithm.drafting not in DRAFTERS:
-        raise ValueError(
-            f"{algorithm.name} drafts {algorithm.drafting!r}, which the engine cannot decode: one of {sorted(DRAFTERS)}"
-        )
-    return DRAFTERS[algorithm.drafting]
+    return algorithm_of(draft).drafter_class
 
 
 def default_k(draft: Any) -> int:
@@ -36,4 +26,4 @@ def default_k(draft: Any) -> int:
     return int(drafter_class(draft).default_k(draft.config))
 
 
-__all__ = ["DRAFTERS", "algorithm_of", "default_k", "drafter_class"]
+__all__ = ["algorithm_of", "default_k", "drafter_class"]

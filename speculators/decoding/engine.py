@@ -24,11 +24,11 @@ import torch
 from torch import nn
 
 from speculators.decoding.cache import VerifierCache
-from speculators.decoding.drafter import Segment
 from speculators.decoding.drafters import algorithm_of, drafter_class
 from speculators.decoding.lean import LeanForward, lean_supported
 from speculators.decoding.metrics import DecodingStats
 from speculators.decoding.sampling import sample, target_probs
+from speculators.decoding.segment import Segment
 from speculators.decoding.tree import DraftTree
 from speculators.decoding.verify import RejectionSampler, Verdict, verify_greedy
 from speculators.models.draft import DraftModel

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from speculators.decoding.drafter import Segment
+from speculators.decoding.segment import Segment
 from speculators.decoding.tree import DraftTree, chain_tree
 
 

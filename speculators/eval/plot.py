@@ -1,5 +1,6 @@
-"""The evaluation plot: per-position acceptance of every run, and acceptance length against k for the chains (the
-speed-ups when only one k ran), titled by the draft's recipe and algorithm."""
+"""The evaluation plot: per-position acceptance of every run, acceptance length against k for the chains (the
+speed-ups when only one k ran) and, when several suites ran, acceptance length per suite; titled by the draft's
+recipe and algorithm."""
 
 from __future__ import annotations
 
@@ -39,7 +40,11 @@ def build_figure(results: dict[str, Any]):
     import matplotlib.ticker
 
     runs = results["runs"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    suites = per_suite_acceptance(results)
+    fig, axes = plt.subplots(1, 3 if suites else 2, figsize=(16.5 if suites else 11, 4.2))
+    left, right = axes[0], axes[1]
+    if suites:
+        _per_suite(axes[2], suites)
     for run in runs:
         rates = run.get("per_position_acceptance_conditional") or []
         xs = [i + 1 for i, r in enumerate(rates) if r is not None]
@@ -61,6 +66,35 @@ def build_figure(results: dict[str, Any]):
     fig.suptitle(plot_title(results), fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def per_suite_acceptance(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``{run: {suite: acceptance length}}`` of our engine's runs when the evaluation ran more than one suite (read
+    from ``reports``, computed from the request table); empty otherwise."""
+    out = {}
+    main = {f"ours/{run['name']}" for run in results.get("runs") or []}  # not the k sweep's other points
+    for name, report in ((results.get("reports") or {}).get("runs") or {}).items():
+        suites = report.get("per_suite") or {}
+        if name in main and len(suites) > 1:
+            out[name.removeprefix("ours/")] = {
+                suite: figures["acceptance_length_global"]
+                for suite, figures in suites.items()
+                if figures.get("acceptance_length_global") is not None
+            }
+    return out
+
+
+def _per_suite(axis, suites: dict[str, dict[str, float]]) -> None:
+    """Grouped bars: acceptance length per suite (MT-Bench, HumanEval, GSM8K, chats), one bar per run."""
+    names = list(dict.fromkeys(suite for row in suites.values() for suite in row))
+    width = 0.8 / len(suites)
+    for index, (run, row) in enumerate(suites.items()):
+        xs = [i + (index - (len(suites) - 1) / 2) * width for i in range(len(names))]
+        axis.bar(xs, [row.get(name, 0.0) for name in names], width, label=run)
+    axis.set_xticks(range(len(names)), names)
+    axis.set(ylabel="acceptance length", title="Acceptance length per suite")
+    axis.grid(alpha=0.3, axis="y")
+    axis.legend(fontsize=8)
 
 
 def _acceptance_vs_k(axis, chains: list[dict[str, Any]], vllm: dict[str, Any]) -> None:

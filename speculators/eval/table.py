@@ -215,17 +215,27 @@ def reports(rows: list[Request]) -> dict[str, Any]:
 
 
 def k_sweep(rows: list[Request]) -> dict[str, Any]:
-    """Our engine's chains by concurrency and k: tokens/s and acceptance length of each point, and the k with the
-    most tokens/s at each concurrency (``best_k``, keyed by concurrency as a string: JSON keys) — the k to serve."""
+    """Our engine's chains by concurrency and k: tokens/s and acceptance length of each point, the k with the most
+    tokens/s at each concurrency (``best_k``, keyed by concurrency as a string: JSON keys) — the k to serve — and,
+    where plain decoding ran at that concurrency (``plain_tokens_per_s``), each point's ``speedup`` over it: the
+    figure a user compares, since a batch raises plain decoding's tokens/s as well as the draft's."""
     chains = [row for row in rows if row.engine == "ours" and row.method == "chain"]
+    plain = {
+        str(concurrency): as_stats(part).summary()["tokens_per_s"]
+        for concurrency, part in sorted(
+            group([row for row in rows if row.engine == "plain"], lambda r: r.concurrency).items()
+        )
+    }
     points = []
     for (concurrency, k), part in sorted(group(chains, lambda r: (r.concurrency, r.k)).items()):
         summary = as_stats(part).summary()
+        base = plain.get(str(concurrency))
         points.append(
             {
                 "concurrency": concurrency,
                 "k": k,
                 "tokens_per_s": summary["tokens_per_s"],
+                "speedup": summary["tokens_per_s"] / base if base and summary["tokens_per_s"] else None,
                 "acceptance_length": summary.get("acceptance_length_global"),
                 "requests": len(part),
             }
@@ -235,4 +245,4 @@ def k_sweep(rows: list[Request]) -> dict[str, Any]:
         at = [p for p in points if p["concurrency"] == concurrency and p["tokens_per_s"] is not None]
         if at:
             best[str(concurrency)] = max(at, key=lambda p: p["tokens_per_s"])["k"]
-    return {"points": points, "best_k": best}
+    return {"points": points, "best_k": best, "plain_tokens_per_s": plain}

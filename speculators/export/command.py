@@ -68,7 +68,9 @@ def _add_export(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_convert(subparsers: argparse._SubParsersAction) -> None:
-    from speculators.export.convert import AUX_CONVENTIONS, FLAG_MODES, LAYOUTS
+    from speculators.export.convert import AUX_CONVENTIONS, FLAG_MODES, layouts
+
+    LAYOUTS = layouts()  # noqa: N806 - every unit's convert layouts
 
     parser = subparsers.add_parser(
         "convert",
@@ -90,8 +92,9 @@ def _add_convert(subparsers: argparse._SubParsersAction) -> None:
         "--flags",
         default="max-compat",
         choices=FLAG_MODES,
-        help="max-compat (default): norm_before_fc/fc_norm/norm_output written false, refusing drafts that need "
-        "them; keep: copy them",
+        help="max-compat (default): keys outside the format dropped; norm_before_fc/fc_norm/norm_output kept "
+        "where the draft was trained with them (EAGLE-3.1; vLLM 0.32 and speculators 0.9.0 read them), with a "
+        "warning, else written false; keep: every key copied",
     )
     parser.add_argument(
         "--norm-before-residual",

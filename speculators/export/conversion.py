@@ -1,5 +1,5 @@
 """The conversion steps every ``speculators convert`` layout shares, EAGLE-3 (``convert``) and block drafters
-(``convert_block``) alike: a source's aux ids and rope brought to the verifier's conventions, and the final
+(``speculators.algorithms.dflash.convert``) alike: a source's aux ids and rope brought to the verifier's conventions, and the final
 validated write.
 
 They sit below both converters so that each imports them, and neither imports the other back (issue 30).
@@ -19,6 +19,10 @@ from speculators.export.writer import write_validated
 from speculators.format.config import ProposalMethod, rope_settings
 from speculators.format.validate import Finding
 from speculators.verifier import resolve_dtype
+
+
+class UnsupportedDraftError(ValueError):
+    """The source is no draft any unit converts, and cannot become one by conversion (e.g. EAGLE-1/HASS)."""
 
 
 def shifted_aux_ids(

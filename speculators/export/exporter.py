@@ -191,7 +191,7 @@ def infer_draft_config(
 ) -> dict[str, Any]:
     """A draft config rebuilt for ZeRO shards saved without any: the run's recorded ``train.algorithm`` names the
     unit, which rebuilds it from the verifier, the recipe and the tensors (``Algorithm.config_from_weights``)."""
-    unit = algorithms.trained_by(str(recipe_value(recipe, "train.algorithm", "eagle3")))
+    unit = algorithms.trained_by(str(recipe_value(recipe, "train.algorithm", algorithms.LEGACY_TYPE)))
     if unit.config_from_weights is None:
         raise ValueError(
             f"the ZeRO shards hold a {unit.display_name or unit.name} draft, whose config cannot be rebuilt from its "

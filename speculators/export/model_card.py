@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speculators import algorithms
 from speculators.local_paths import is_local_path, public_name, public_path, scrub
 
 EVAL_WORDS = ("eval", "acceptance", "bench")
@@ -125,7 +126,7 @@ def find_eval_artifacts(run_dir: Path | None) -> EvalArtifacts:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
             if is_eval_results(data):
-                found.tables += eval_results_tables(data, str(rel))
+                found.tables += eval_results_tables(data, str(rel), table_reports(path, data))
                 found.results_files.add(path.resolve())
             elif table := json_table(data):
                 found.tables.append((f"From `{rel}`:", table))
@@ -162,7 +163,7 @@ def add_eval_results(evals: EvalArtifacts, path: str | Path) -> None:
     data = read_eval_results(path)
     if path.resolve() in evals.results_files:
         return
-    evals.tables += eval_results_tables(data, public_path(path))
+    evals.tables += eval_results_tables(data, public_path(path), table_reports(path, data))
     evals.results_files.add(path.resolve())
     plot = path.with_name("acceptance.png")
     shown = {p.resolve() for p in evals.plots.values() if isinstance(p, Path)}
@@ -197,6 +198,7 @@ def k_sweep_table(sweep: dict[str, Any], concurrency: int, origin: str) -> tuple
             "concurrency": point["concurrency"],
             "k": point["k"],
             "tokens/s": point.get("tokens_per_s"),
+            "speedup vs plain at this concurrency": point.get("speedup"),
             "acceptance length": point.get("acceptance_length"),
             "chosen": "**served**" if (point["concurrency"], point["k"]) == (concurrency, chosen) else "",
         }
@@ -206,7 +208,7 @@ def k_sweep_table(sweep: dict[str, Any], concurrency: int, origin: str) -> tuple
         f"`speculative_tokens` = {chosen}: the k with the most tokens/s at concurrency {concurrency} in the k x "
         f"concurrency sweep of `speculators eval` (`{public_path(origin)}`, our engine, the same prompts at each point):"
     )
-    return title, markdown_table(rows)
+    return title, markdown_table(_drop_empty_columns(rows))
 
 
 def is_eval_results(data: Any) -> bool:
@@ -215,9 +217,68 @@ def is_eval_results(data: Any) -> bool:
     return bool(runs) and all(isinstance(r, dict) and "acceptance_length_global" in r for r in runs)
 
 
-def eval_results_tables(results: dict[str, Any], origin: str) -> list[tuple[str, str]]:
+def table_reports(results_path: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """The reports of an evaluation, recomputed from its request table (``requests.jsonl`` beside
+    ``results.json``) when it is there, so the card's per-suite figures are a function of the recorded requests;
+    else the ``reports`` results.json carries (the same function of the same rows, computed when it was written).
+    An unreadable table is an error naming the file, never silently replaced by the summary."""
+    from speculators.eval.table import REQUESTS_NAME, read_requests, reports
+
+    table = results_path.with_name(REQUESTS_NAME)
+    if table.is_file():
+        return reports(read_requests(table))
+    return results.get("reports") or {}
+
+
+ENGINE_LABELS = {"ours": "our engine", "vllm": "vLLM's per-request counters"}
+MAX_CARD_CATEGORIES = 24  # more categories than this (a suite of many): the per-suite table alone
+
+
+def suite_tables(reports: dict[str, Any], origin: str, runs: set[str]) -> list[tuple[str, str]]:
+    """Per suite, and per category when there are few enough to read, of each of our engine's runs: acceptance
+    length, tokens per verify step and conditional per-position acceptance, the way papers and other cards report
+    them (MT-Bench, HumanEval, GSM8K). Nothing when the evaluation had one suite of one category: the run table
+    says it all; ``runs``: the evaluation's own runs (the k sweep's other points are in the sweep table). A pure
+    function of the reports (themselves of the request table)."""
+    tables = []
+    for name, report in (reports.get("runs") or {}).items():
+        engine, _, run = name.partition("/")
+        if (
+            engine not in ENGINE_LABELS
+            or run not in runs
+            or len(report.get("per_suite") or {}) + len(report.get("per_category") or {}) <= 2
+        ):
+            continue
+        categories = report.get("per_category") or {}
+        views = [("suite", report["per_suite"])]
+        if len(categories) <= MAX_CARD_CATEGORIES:
+            views.append(("suite/category", categories))
+        for label, groups in views:
+            rows = [
+                {
+                    label: key,
+                    "requests": figures.get("num_requests"),
+                    "prompt tokens (mean)": figures.get("prompt_tokens_mean"),
+                    "acceptance length": figures.get("acceptance_length_global"),
+                    "tokens per verify step": figures.get("tokens_per_verify_step"),
+                    "per-position acceptance": _rates(figures.get("per_position_acceptance_conditional")),
+                }
+                for key, figures in groups.items()
+            ]
+            title = (
+                f"{run} ({ENGINE_LABELS[engine]}) per {label.replace('/', ' and ')}, from the request table of "
+                f"`{public_path(origin)}` (`requests.jsonl`: one row per request):"
+            )
+            tables.append((title, markdown_table(_drop_empty_columns(rows))))
+    return tables
+
+
+def eval_results_tables(
+    results: dict[str, Any], origin: str, reports: dict[str, Any] | None = None
+) -> list[tuple[str, str]]:
     """What ``speculators eval`` measured, as tables: acceptance lengths, per-position acceptance and speed-ups of
-    our engine (with the plain-decoding baseline), then vLLM's own counters when it ran."""
+    our engine (with the plain-decoding baseline), per suite and category when it ran several (``reports``,
+    :func:`table_reports`; default: the ones results.json carries), then vLLM's own counters when it ran."""
     prompts = results.get("prompts") or {}
     settings = results.get("settings") or {}
     temperature = settings.get("temperature", 0)
@@ -247,6 +308,8 @@ def eval_results_tables(results: dict[str, Any], origin: str) -> list[tuple[str,
             }
         )
     tables = [(title, markdown_table(_drop_empty_columns(rows)))]
+    names = {run["name"] for run in results["runs"]}
+    tables += suite_tables(results.get("reports") or {} if reports is None else reports, origin, names)
     vllm = results.get("vllm")
     if isinstance(vllm, dict) and isinstance(vllm.get("skipped"), str):
         tables.append((f"vLLM was not run: {vllm['skipped']}.", ""))
@@ -378,17 +441,27 @@ def render_model_card(info: CardInfo) -> str:
 
     unit = algorithm_of(config)
     kind = algorithm_display_name(config)
-    method = unit.vllm_method if unit is not None else "eagle3"
-    aux_key = unit.aux_layer_key if unit is not None else "eagle_aux_hidden_state_layer_ids"
+    article = unit.article_of(config) if unit is not None else "A"
+    legacy = algorithms.get(algorithms.LEGACY_TYPE)  # what a config without a type is read as
+    method = unit.vllm_method if unit is not None else legacy.vllm_method
+    aux_key = (unit or legacy).aux_layer_key
+    # the draft's own layers as its config class counts them (MTP's layer config is the verifier's whole config)
+    draft_layers = (
+        unit.config_class.from_dict(config).num_layers
+        if unit is not None
+        else layer.get("num_hidden_layers", 1)
+    )
     own_keys = unit.card_keys if unit is not None else ()
     parts = [
         f"# {card_title(info)}",
         "",
-        f"{'An' if kind[:1] in 'AEIOU' else 'A'} {kind} speculative-decoding draft for "
+        f"{article} {kind} speculative-decoding draft for "
         f"`{shown_verifier(info)}`, in the standard `speculators` checkpoint "
         "format"
         + (
-            ". vLLM does not serve it: its model for this verifier family lacks the EAGLE-3 aux-hidden-state "
+            f". vLLM does not serve it: {unit.vllm_unserved}; the speculators engine (`speculators eval`) serves it."
+            if unit is not None and unit.vllm_unserved
+            else ". vLLM does not serve it: its model for this verifier family lacks the EAGLE-3 aux-hidden-state "
             f'interface ("{info.vllm_refusal}"); the speculators engine (`speculators eval`) serves it.'
             if info.vllm_refusal
             else ": vLLM serves it as it is."
@@ -409,12 +482,13 @@ def render_model_card(info: CardInfo) -> str:
                 *([{"": "verifier weights", "value": info.verifier_note}] if info.verifier_note else []),
                 {
                     "": "draft",
-                    "value": f"{layer.get('num_hidden_layers', 1)} {layer['model_type']} decoder layer(s), "
+                    "value": f"{draft_layers} {layer['model_type']} decoder layer(s), "
                     f"hidden {layer['hidden_size']}",
                 },
                 {
                     "": "vocabulary",
-                    "value": f"{config['draft_vocab_size']} draft tokens of {layer['vocab_size']}",
+                    "value": f"{config.get('draft_vocab_size', layer['vocab_size'])} draft tokens of "
+                    f"{layer['vocab_size']}",
                 },
                 {
                     "": "aux hidden-state layers",
@@ -427,7 +501,11 @@ def render_model_card(info: CardInfo) -> str:
             ]
         ),
         "",
-        *([] if info.vllm_refusal else [serving_section(verifier, k, local_verifier, method)]),
+        *(
+            []
+            if info.vllm_refusal or (unit is not None and unit.vllm_unserved)
+            else [serving_section(verifier, k, local_verifier, method)]
+        ),
     ]
     if info.training or info.recipe:
         parts += ["", training_section(info)]
@@ -437,11 +515,12 @@ def render_model_card(info: CardInfo) -> str:
 
 
 def algorithm_display_name(config: dict[str, Any]) -> str:
-    """How people name the config's algorithm (``P-EAGLE``): its unit's display name, else the type as written."""
+    """How people name the config's algorithm (``P-EAGLE``, ``EAGLE-3.1``): its unit's name for it (a declared
+    variant whose keys the config sets, else the unit's display name), else the type as written."""
     from speculators.format.validate import algorithm_of
 
     unit = algorithm_of(config)
-    return (unit.display_name or unit.name) if unit is not None else str(config.get("speculators_model_type"))
+    return unit.name_of(config) if unit is not None else str(config.get("speculators_model_type"))
 
 
 def shown_verifier(info: CardInfo) -> str:
@@ -455,7 +534,7 @@ def card_title(info: CardInfo) -> str:
     return f"{algorithm_display_name(info.config)} draft for {shown_verifier(info)}"
 
 
-def serving_section(verifier: str, k: int, local_verifier: bool = False, method: str = "eagle3") -> str:
+def serving_section(verifier: str, k: int, local_verifier: bool, method: str) -> str:
     """How to serve the draft. ``verifier`` is its public name; ``local_verifier``: the config names a directory
     on the exporting machine, which the reader must point at their own copy; ``method``: vLLM's speculative
     method for the draft's type."""

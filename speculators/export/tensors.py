@@ -32,24 +32,25 @@ def warn(message: str) -> None:
     warnings.warn(message, ExportWarning, stacklevel=3)
 
 
-def detect_prefix(names: list[str]) -> str:
+def detect_prefix(names: list[str], anchor: str = "lm_head.weight") -> str:
     """The prefix wrapping the draft's names in a state dict (``""``, ``"model."``, ``"module.draft."``, ...),
-    found from the one tensor every EAGLE-3 draft has: ``lm_head.weight``."""
-    heads = [n.removesuffix("lm_head.weight") for n in names if n.endswith("lm_head.weight")]
+    found from the one tensor every draft of the type has (``Algorithm.anchor_tensor``: ``lm_head.weight`` for
+    every type that stores its head)."""
+    heads = [n.removesuffix(anchor) for n in names if n.endswith(anchor)]
     heads = [p for p in heads if p == "" or p.endswith(".")]
     if not heads:
-        raise ValueError("no lm_head.weight among the tensors: this is not an EAGLE-3 draft state dict")
+        raise ValueError(f"no {anchor} among the tensors: this is not a state dict of the draft type")
     if len(set(heads)) > 1:
-        raise ValueError(
-            f"several lm_head.weight tensors ({sorted(heads)}): cannot tell which one is the draft"
-        )
+        raise ValueError(f"several {anchor} tensors ({sorted(heads)}): cannot tell which one is the draft")
     return heads[0]
 
 
-def unprefixed(tensors: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+def unprefixed(
+    tensors: dict[str, torch.Tensor], where: str, anchor: str = "lm_head.weight"
+) -> dict[str, torch.Tensor]:
     """Names relative to the draft (prefix stripped, ``midlayer.`` → ``layers.0.``); other modules' tensors (e.g. a
     verifier held in the same training wrapper) are left out with a warning."""
-    prefix = detect_prefix(list(tensors))
+    prefix = detect_prefix(list(tensors), anchor)
     out: dict[str, torch.Tensor] = {}
     foreign = []
     for name, tensor in tensors.items():
@@ -158,7 +159,6 @@ def standard_tensors(
 ) -> dict[str, torch.Tensor]:
     """Exactly the tensors ``config`` implies, under the standard names and dtypes; raises ``ValueError`` naming
     every missing or unexpected tensor rather than writing a checkpoint a consumer would reject."""
-    tensors = unprefixed(tensors, where)
     layer = config["transformer_layer_config"]
     vocab_size, draft_vocab_size = (
         int(layer["vocab_size"]),
@@ -170,10 +170,11 @@ def standard_tensors(
             f"{where}: speculators_model_type {config.get('speculators_model_type')!r} is not a type this project "
             "exports (no declared unit in speculators.algorithms)"
         )
+    tensors = unprefixed(tensors, where, unit.anchor_tensor)
     shapes = unit.expected_shapes(config)
     out = {n: t for n, t in tensors.items() if n not in ("d2t", "t2d")}
     out.update(standard_vocab(tensors, draft_vocab_size, vocab_size, where))
-    if "embed_tokens.weight" not in out:
+    if "embed_tokens.weight" not in out and "embed_tokens.weight" in shapes:
         if verifier_dir is None:
             raise ValueError(
                 f"{where}: has no embed_tokens.weight; pass the verifier (--verifier) so its embedding is copied in "

@@ -22,7 +22,7 @@ user turn; the generation prompt is ``<start_of_turn>model\\n``.
 
 from speculators.families import ChatFormat, Family, register, sqrt_hidden
 
-EAGLE3_REFUSAL = "Model does not support EAGLE3 interface"  # both runners say it (the V1 one goes on)
+AUX_STATES_REFUSAL = "Model does not support EAGLE3 interface"  # both runners say it (the V1 one goes on)
 
 FAMILY = register(
     Family(
@@ -40,8 +40,8 @@ FAMILY = register(
         tensor_prefix="model.language_model.",
         embedding_scale=sqrt_hidden,
         draft_rope_type="sliding_attention",
-        vllm_refusal=EAGLE3_REFUSAL,
-        vllm_cpu=EAGLE3_REFUSAL,
+        vllm_refusal=AUX_STATES_REFUSAL,
+        vllm_cpu=AUX_STATES_REFUSAL,
         capture_notes="sliding/full attention 5:1, q/k norms, four norms per layer",
         quirks=(
             "final RMSNorm multiplies by (1 + w): the head uses the verifier's own Gemma3RMSNorm",

@@ -2,7 +2,6 @@
 
 from speculators.format.checkpoint import load_checkpoint, save_checkpoint
 from speculators.format.config import (
-    Eagle3Config,
     ProposalMethod,
     SpeculatorsConfig,
     VerifierRef,
@@ -10,7 +9,6 @@ from speculators.format.config import (
 from speculators.format.validate import Finding, validate_checkpoint
 
 __all__ = [
-    "Eagle3Config",
     "Finding",
     "ProposalMethod",
     "SpeculatorsConfig",

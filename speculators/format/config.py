@@ -1,4 +1,6 @@
-"""Typed classes for the speculators ``config.json`` of an EAGLE-3 draft.
+"""The speculators ``config.json`` keys every draft type shares: ``speculators_config`` (verifier, proposal methods),
+the :class:`DraftConfig` base each algorithm's config class extends (``speculators/algorithms/<name>/config.py``) and
+the helpers that copy the verifier's layer shape and rope into ``transformer_layer_config``.
 
 The field names and defaults follow what vLLM and the ``speculators`` library read (see docs/format.md). Where the two
 consumers disagree on a default (``norm_before_residual``, ``transformer_layer_config.model_type``), we always write
@@ -13,7 +15,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from speculators import __version__, draft_layer_types, families
+from speculators import draft_layer_types, families
+from speculators.algorithms import LEGACY_TYPE
 from speculators.families import default_aux_layer_ids  # noqa: F401  (re-exported: the ids a config records)
 from speculators.format.checkpoint import read_config
 
@@ -39,7 +42,6 @@ LAYER_KEYS_FROM_VERIFIER = (
 # draft layer i is windowed iff layer_types[i] == "sliding_attention", with transformer_layer_config.sliding_window)
 SLIDING = "sliding_attention"
 FULL = "full_attention"
-DRAFT_ARCHITECTURE = "Eagle3Speculator"
 
 
 @dataclass
@@ -74,7 +76,7 @@ class SpeculatorsConfig:
     """The ``speculators_config`` block."""
 
     verifier: VerifierRef
-    algorithm: str = "eagle3"
+    algorithm: str = LEGACY_TYPE
     proposal_methods: list[ProposalMethod] = field(default_factory=lambda: [ProposalMethod()])
     default_proposal_method: str = "greedy"
 
@@ -199,72 +201,6 @@ class DraftConfig:
         return cls.from_dict(read_config(directory))
 
 
-@dataclass
-class Eagle3Config(DraftConfig):
-    """config.json of an EAGLE-3 draft in the speculators format.
-
-    ``transformer_layer_config`` is a plain HF decoder-layer config dict (``model_type`` llama or qwen3) whose
-    ``vocab_size`` is the VERIFIER's vocabulary; ``draft_vocab_size`` is the size of the draft's lm_head.
-    """
-
-    SPECULATORS_MODEL_TYPE: ClassVar[str] = "eagle3"
-    ARCHITECTURE: ClassVar[str] = DRAFT_ARCHITECTURE
-    transformer_layer_config: dict[str, Any]
-    speculators_config: SpeculatorsConfig
-    draft_vocab_size: int
-    eagle_aux_hidden_state_layer_ids: list[int]
-    norm_before_residual: bool = True
-    target_hidden_size: int | None = None
-    norm_before_fc: bool = False
-    fc_norm: bool = False
-    norm_output: bool = False
-    torch_dtype: str = "bfloat16"
-    speculators_version: str = __version__
-    # Keys we do not model (newer optional flags, producer metadata) survive a load/save round trip untouched.
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    # ---- construction --------------------------------------------------------------------------------------
-    @classmethod
-    def from_verifier(
-        cls,
-        verifier_config: dict[str, Any],
-        name_or_path: str,
-        draft_vocab_size: int | None = None,
-        aux_layer_ids: list[int] | None = None,
-        speculative_tokens: int = 3,
-        num_layers: int = 1,
-        layer_type: str | None = None,
-        norm_before_residual: bool = True,
-        torch_dtype: str = "bfloat16",
-        sliding_window: int | None = None,
-    ) -> Eagle3Config:
-        """A draft config whose layer shape, heads and rope are copied from the verifier's HF config dict.
-
-        Aux ids default to ``[2, L//2, L-3]`` in vLLM's convention (the residual stream *entering* layer k).
-        ``sliding_window``: every draft layer attends over that many positions (long-context drafts), written as
-        ``layer_types`` / ``sliding_window`` in ``transformer_layer_config``, the keys vLLM reads.
-        """
-        family = families.of_config(verifier_config)
-        if aux_layer_ids is None:
-            aux_layer_ids = family.default_aux_layer_ids(verifier_config)
-        layer_type = layer_type or family.draft_layer_type
-        layer = draft_layer_config(verifier_config, layer_type, num_layers)
-        if sliding_window is not None:
-            layer.update(window_layout(sliding_window, num_layers))
-        architectures = list(verifier_config.get("architectures") or ["LlamaForCausalLM"])
-        return cls(
-            transformer_layer_config=layer,
-            speculators_config=SpeculatorsConfig(
-                verifier=VerifierRef(name_or_path=str(name_or_path), architectures=architectures),
-                proposal_methods=[ProposalMethod(speculative_tokens=speculative_tokens)],
-            ),
-            draft_vocab_size=int(draft_vocab_size or layer["vocab_size"]),
-            eagle_aux_hidden_state_layer_ids=[int(i) for i in aux_layer_ids],
-            norm_before_residual=norm_before_residual,
-            torch_dtype=torch_dtype,
-        )
-
-
 def draft_layer_config(verifier_config: dict[str, Any], layer_type: str, num_layers: int) -> dict[str, Any]:
     """``transformer_layer_config`` for a draft of ``num_layers`` layers: shape, heads and rope copied from the
     verifier's HF config dict, so positions are encoded as the verifier encodes them (every draft type uses it)."""
@@ -278,67 +214,3 @@ def draft_layer_config(verifier_config: dict[str, Any], layer_type: str, num_lay
     layer.setdefault("attention_bias", False)
     layer.update(model_type=layer_type, num_hidden_layers=num_layers, tie_word_embeddings=False)
     return layer
-
-
-def window_layout(window: int, num_layers: int) -> dict[str, Any]:
-    """The ``transformer_layer_config`` keys of an all-sliding EAGLE-3 draft (vLLM reads ``layer_types`` per draft
-    layer and ``sliding_window``; ``use_sliding_window`` is what transformers' Qwen configs gate windows on)."""
-    if int(window) < 1:
-        raise ValueError(f"sliding_window {window}: a window holds at least the query's own position")
-    return {
-        "layer_types": [SLIDING] * int(num_layers),
-        "sliding_window": int(window),
-        "use_sliding_window": True,
-    }
-
-
-@dataclass
-class PEagleConfig(Eagle3Config):
-    """config.json of a P-EAGLE draft (``speculators_model_type: peagle``): an EAGLE-3 draft that proposes its K
-    tokens in ONE forward. Slot 0 is EAGLE-3's ordinary input (the bonus token with the verifier feature of the last
-    accepted position); slots 1..K-1 hold ``mask_token_id`` with the learned ``mask_hidden`` in place of the
-    verifier feature (docs/algorithms.md, "P-EAGLE").
-
-    vLLM serves it on its EAGLE-3 classes with ``parallel_drafting`` on, reading the mask id from
-    ``mask_token_id`` (as ``pard_token``): a missing key is a KeyError there and null breaks later, so the id is a
-    required int here. ``norm_before_residual`` is always written: vLLM's P-EAGLE default (false) differs from its
-    EAGLE-3 default (true) and from what our trainer uses. ``speculative_tokens`` is K, the trained depths.
-    """
-
-    SPECULATORS_MODEL_TYPE: ClassVar[str] = "peagle"
-    ARCHITECTURE: ClassVar[str] = "PEagleSpeculator"
-    mask_token_id: int = field(kw_only=True)
-    # why this mask id (speculators/mask_token.py): read by people only, consumers ignore it
-    mask_token_source: str = field(default="", kw_only=True)
-    # speculators 0.9.0 trains the embedding of P-EAGLE drafts (its default, which its CLI cannot change)
-    embed_requires_grad: bool = field(default=True, kw_only=True)
-
-    @property
-    def num_depths(self) -> int:
-        """K: the tokens one forward proposes (slot 0 plus K-1 mask slots)."""
-        return self.speculators_config.speculative_tokens
-
-    @classmethod
-    def from_verifier(  # type: ignore[override]
-        cls,
-        verifier_config: dict[str, Any],
-        name_or_path: str,
-        mask_token_id: int,
-        mask_token_source: str = "",
-        embed_requires_grad: bool = True,
-        **eagle3_arguments: Any,
-    ) -> PEagleConfig:
-        """An EAGLE-3 config from the verifier (see :meth:`Eagle3Config.from_verifier`) plus the mask token;
-        ``speculative_tokens`` is the number of depths K."""
-        base = Eagle3Config.from_verifier(verifier_config, name_or_path, **eagle3_arguments)
-        vocab = int(base.transformer_layer_config["vocab_size"])
-        if not 0 <= int(mask_token_id) < vocab:
-            raise ValueError(f"mask_token_id {mask_token_id} is outside the verifier vocabulary ({vocab})")
-        values = {f.name: getattr(base, f.name) for f in fields(Eagle3Config)}
-        values["speculators_config"].algorithm = cls.SPECULATORS_MODEL_TYPE
-        return cls(
-            **values,
-            mask_token_id=int(mask_token_id),
-            mask_token_source=mask_token_source,
-            embed_requires_grad=embed_requires_grad,
-        )

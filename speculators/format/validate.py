@@ -21,9 +21,9 @@ from speculators import draft_layer_types, families
 from speculators.format.checkpoint import load_tensors, weight_files
 from speculators.format.config import verifier_name_or_path
 
-# types vLLM serves that no unit of this project declares (vLLM 0.32 maps dflash2 to its dflash method): their shared
-# keys are checked, their own keys and tensors are not (a warning says so)
-UNDECLARED_SERVABLE_TYPES = ("dflash2",)
+# types vLLM serves that no unit of this project declares (none today: dflash2, the last one, is a unit): their
+# shared keys are checked, their own keys and tensors are not (a warning says so)
+UNDECLARED_SERVABLE_TYPES: tuple[str, ...] = ()
 REQUIRED_LAYER_KEYS = (
     "vocab_size",
     "hidden_size",
@@ -134,8 +134,12 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
             "transformer_layer_config is missing or not a dict; copy the verifier's layer settings into it"
         )
     else:
+        unit = algorithm_of(config)
+        own_layer = unit is not None and unit.verifier_layer_config
         layer_type = layer.get("model_type")
-        if layer_type is None:
+        if own_layer:
+            pass  # the verifier's own config: the unit's rules check its model_type
+        elif layer_type is None:
             yield error(
                 "transformer_layer_config.model_type is missing: vLLM needs it and the speculators library "
                 f"assumes qwen3; write one of {draft_layer_types.names()}"
@@ -150,7 +154,9 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
         if "rope_theta" not in layer and "rope_parameters" not in layer:
             yield warning("transformer_layer_config has no rope_theta; copy the verifier's rope settings")
         draft_vocab = config.get("draft_vocab_size")
-        if not isinstance(draft_vocab, int) or draft_vocab <= 0:
+        if own_layer and draft_vocab is None:
+            pass  # the verifier's whole vocabulary, no key (what the unit's consumers read)
+        elif not isinstance(draft_vocab, int) or draft_vocab <= 0:
             yield error("draft_vocab_size is missing or not a positive integer")
         elif isinstance(layer.get("vocab_size"), int) and draft_vocab > layer["vocab_size"]:
             yield error(
@@ -164,57 +170,6 @@ def _config_findings(config: dict[str, Any], where: str) -> Iterator[Finding]:
                 "speculators library ignores target_hidden_size; keep the draft as wide as the verifier"
             )
     yield from _type_findings(config, error, warning)
-
-
-def eagle3_key_findings(config: dict[str, Any], error, warning) -> Iterator[Finding]:
-    """The rules of EAGLE-3's own keys (the eagle3 unit's; other types do not have these keys)."""
-    if "norm_before_residual" not in config:
-        yield error(
-            "norm_before_residual is missing: vLLM and the speculators library assume different defaults; "
-            "write it explicitly (true for drafts trained by this project)"
-        )
-    ids = config.get("eagle_aux_hidden_state_layer_ids")
-    if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or not ids):
-        yield error("eagle_aux_hidden_state_layer_ids must be a non-empty list of integers")
-    elif (aux_error := aux_layer_id_error(ids)) is not None:
-        yield error(aux_error)
-    elif ids is None:
-        yield warning("eagle_aux_hidden_state_layer_ids is missing; vLLM will use its default [2, L//2, L-3]")
-    elif ids != sorted(set(ids)):
-        yield error(
-            f"eagle_aux_hidden_state_layer_ids {ids} are repeated or unsorted: vLLM sorts and de-duplicates them "
-            "before concatenating, so fc would read its features shuffled or too narrow; sort them and permute "
-            "fc.weight's column blocks to match (`speculators convert` does both)"
-        )
-    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-        if config.get(flag):
-            yield warning(
-                f"{flag} is true: only recent vLLM releases read it; a max-compat export leaves it false"
-            )
-
-
-def aux_layer_id_error(ids: Any) -> str | None:
-    """What is wrong with aux layer ids that no verifier could make right, or None. Checked without the verifier
-    (a hub-id verifier is read only when already cached): vLLM captures layer k's input only for ``k in range(L + 1)``, so a negative id is never
-    captured and fc reads fewer features than it was trained on; a bool is an int to Python and JSON's ``true`` to
-    the config, never a layer. The upper bound needs the verifier's L (``_verifier_findings``)."""
-    if not isinstance(ids, list):
-        return None
-    flags = [i for i in ids if isinstance(i, bool)]
-    if flags:
-        return (
-            f"eagle_aux_hidden_state_layer_ids {ids} hold booleans {flags}: write layer numbers (id k = the "
-            "residual stream entering verifier layer k)"
-        )
-    negative = [i for i in ids if isinstance(i, int) and i < 0]
-    if negative:
-        return (
-            f"eagle_aux_hidden_state_layer_ids {ids} hold negative ids {negative}: vLLM and the speculators library "
-            "capture the stream entering layer k only for k in [0, L] (no Python-style counting from the end), so "
-            "fc would read fewer features than it was trained on; write the absolute layer numbers the draft was "
-            "trained on"
-        )
-    return None
 
 
 def algorithm_of(config: dict[str, Any]) -> Any:
@@ -404,32 +359,6 @@ def _family_findings(
 
 
 # ---- weights -----------------------------------------------------------------------------------------------
-def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Every tensor name and shape a checkpoint with this config must hold."""
-    layer = config["transformer_layer_config"]
-    hidden, vocab = layer["hidden_size"], layer["vocab_size"]
-    draft_vocab = config.get("draft_vocab_size", vocab)
-    n_aux = len(config.get("eagle_aux_hidden_state_layer_ids") or [0, 0, 0])
-    verifier_hidden = config.get("target_hidden_size") or hidden
-    shapes: dict[str, tuple[int, ...]] = {
-        "embed_tokens.weight": (vocab, hidden),
-        "fc.weight": (hidden, n_aux * verifier_hidden),
-        "norm.weight": (hidden,),
-        "lm_head.weight": (draft_vocab, hidden),
-    }
-    if config.get("norm_before_fc"):
-        shapes["input_norm.weight"] = (n_aux * verifier_hidden,)
-    if config.get("fc_norm"):
-        shapes.update({f"fc_norm.{i}.weight": (verifier_hidden,) for i in range(n_aux)})
-    qk_norm = draft_layer_types.has_qk_norm(layer.get("model_type"))
-    for i in range(layer.get("num_hidden_layers", 1)):
-        width = 2 * hidden if i == 0 else hidden  # layer 0 attends over concat(embeds, hidden)
-        shapes.update(decoder_layer_shapes(layer, f"layers.{i}.", width, qk_norm))
-        if i == 0:
-            shapes["layers.0.hidden_norm.weight"] = (hidden,)
-    return {**shapes, **vocab_map_shapes(draft_vocab, vocab)}
-
-
 def decoder_layer_shapes(
     layer: dict[str, Any], prefix: str, width: int, qk_norm: bool
 ) -> dict[str, tuple[int, ...]]:

@@ -1,5 +1,2 @@
-"""Draft models."""
-
-from speculators.models.eagle3 import Eagle3DraftModel
-
-__all__ = ["Eagle3DraftModel"]
+"""What every draft model shares: the decoder layers (``layers``) and the checkpoint load/save base (``draft``).
+Each algorithm's own model is ``speculators/algorithms/<name>/model.py``."""

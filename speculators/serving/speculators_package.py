@@ -95,7 +95,7 @@ def block_logits_with_speculators_package(
     request = {
         "model": str(Path(draft_dir).resolve()),
         "block_forward": {"inputs": str(inputs.resolve()), "output": str(output.resolve())},
-        **({"build": build} if build else {}),
+        **({"build": build_request(build)} if build else {}),
     }
     python = speculators_package_python()
     description = run_json_worker(python, WORKER_SCRIPT, request, timeout, "the speculators package")
@@ -117,6 +117,19 @@ def convert_dflash_with_speculators_package(
     )
 
 
+def build_request(spec: dict[str, Any]) -> dict[str, Any]:
+    """The worker's ``build`` spec with the class the package builds the type with, as the type's unit declares it
+    (``Algorithm.package_class``): the worker runs under the package's interpreter, where our registry is not."""
+    from speculators import algorithms
+
+    unit = algorithms.get(str(spec["type"]))
+    if not unit.package_class:
+        raise ValueError(
+            f"the {unit.name} unit declares no package_class: the speculators package cannot build it"
+        )
+    return {**spec, "package_class": unit.package_class}
+
+
 def build_with_speculators_package(
     spec: dict[str, Any], out_dir: str | Path, timeout: float = 600.0
 ) -> dict[str, Any]:
@@ -124,7 +137,7 @@ def build_with_speculators_package(
     (``spec`` as the worker's ``build_peer_draft`` reads it: ``type`` peagle or dspark, ``verifier``, ...), then
     load it there; returns what :func:`load_with_speculators_package` returns. Why: a checkpoint that package
     really writes, in its layout and naming, is what ``speculators convert`` must read."""
-    request = {"model": str(Path(out_dir).resolve()), "build": spec}
+    request = {"model": str(Path(out_dir).resolve()), "build": build_request(spec)}
     return run_json_worker(
         speculators_package_python(), WORKER_SCRIPT, request, timeout, "the speculators package"
     )
@@ -163,7 +176,7 @@ def peagle_logits_with_speculators_package(
     request = {
         "model": str(Path(draft_dir).resolve()),
         "peagle_forward": {"inputs": str(inputs.resolve()), "output": str(output.resolve())},
-        **({"build": build} if build else {}),
+        **({"build": build_request(build)} if build else {}),
     }
     description = run_json_worker(
         speculators_package_python(), WORKER_SCRIPT, request, timeout, "the speculators package"

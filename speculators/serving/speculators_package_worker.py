@@ -4,7 +4,10 @@ Usage: ``python speculators_package_worker.py REQUEST.json RESULT.json`` with re
 (optionally ``"block_forward": {"inputs", "output"}``: a block drafter's logits, see ``block_forward``; and
 ``"convert_dflash": {"input", "verifier"}``: first convert an external (z-lab) DFlash draft into ``model`` with the
 package's own converter; ``"build": {...}``: first build and save a draft with the package's own constructor, see
-``build_peer_draft``; ``"peagle_forward": {"inputs", "output"}``: a P-EAGLE draft's logits, see ``peagle_forward``).
+``build_peer_draft``; ``"peagle_forward": {"inputs", "output"}``: a P-EAGLE draft's logits, see ``peagle_forward``;
+``"ttt_forward": {"inputs", "output"}``: an EAGLE-3 draft's training-time-test logits, see ``ttt_forward``;
+``"mtp_forward": {"inputs", "output"}``: an MTP draft's per-step logits, see ``mtp_forward``; ``"convert_mtp":
+{"verifier"}``: first extract a verifier's own MTP layer into ``model`` with the package's MTP converter).
 It must not import our package (both are named ``speculators``; here the name means the upstream library). The
 result names the class the package chose, the resolved config values it acts on, and every tensor of the loaded
 model with its shape, dtype and a digest, so the caller can compare them with what it wrote.
@@ -57,6 +60,11 @@ def describe(model: Any) -> dict[str, Any]:
         "aux_layer_ids": list(
             getattr(config, "eagle_aux_hidden_state_layer_ids", None)
             or getattr(config, "aux_hidden_state_layer_ids", None)
+            or (
+                getattr(model, "target_layer_ids", None)
+                if hasattr(config, "num_nextn_predict_layers")
+                else None
+            )
             or []
         ),
         "block_keys": {
@@ -77,7 +85,10 @@ def block_forward(model: Any, spec: dict[str, str]) -> None:
     Inputs (a safetensors file): ``hidden_states [1, T, n_aux * H]`` (the verifier's aux states), ``input_ids
     [1, T]``, ``anchors [A]``. The package draws its anchors at random among the loss-masked positions and keeps all
     of them when there are at most ``max_anchors``, so a loss mask set exactly at ``anchors`` makes it use those.
-    Writes ``logits [A, block_size, draft V]`` and ``lm_head`` / ``embed_tokens`` as the package holds them. A DSpark
+    Writes ``logits [A, block_size, draft V]`` and ``lm_head`` / ``embed_tokens`` as the package holds them. A DFlash2
+    draft adds ``candidate_ids`` / ``candidate_scores [A, block_size, top_k]``: each slot's unary top-k and the
+    package's own selector scores of them (``score_candidates``), the predecessor of each slot being the block's
+    data token before it (``_predecessor_ids``), as its training forward scores them. A DSpark
     draft's logits include its Markov bias, computed by the package's own head from the token before each slot's
     target (``sample_from_anchor`` false: the anchor for slots 0 and 1, then the block's data tokens), as its
     training forward adds it."""
@@ -90,9 +101,9 @@ def block_forward(model: Any, spec: dict[str, str]) -> None:
     loss_mask = torch.zeros(1, length)
     loss_mask[0, anchors] = 1
     model = model.float().eval()
-    width = model.config.transformer_layer_config.hidden_size
+    width, slots_per_block = model.config.transformer_layer_config.hidden_size, model.block_size
     with torch.no_grad():
-        hidden, logits, _, _, _ = model._backbone_forward(
+        hidden, logits, _, _, block_indices = model._backbone_forward(
             hidden.float(),
             ids,
             loss_mask,
@@ -100,30 +111,41 @@ def block_forward(model: Any, spec: dict[str, str]) -> None:
             torch.zeros(1, length, dtype=torch.long),
             max_anchors=int(anchors.numel()),
         )
-    logits = logits.reshape(int(anchors.numel()), model.block_size, -1)
+    logits = logits.reshape(int(anchors.numel()), slots_per_block, -1)
+    selector = getattr(model, "candidate_selector", None)
+    extra = {}
+    if selector is not None:  # DFlash2: its selector's scores on each slot's unary top-k, teacher forced
+        with torch.no_grad():
+            predecessors = model._predecessor_ids(ids, block_indices).reshape(1, -1)
+            candidates = logits.reshape(1, -1, logits.shape[-1]).topk(selector.top_k, dim=-1).indices
+            scores = selector.score_candidates(
+                logits.reshape(1, -1, logits.shape[-1]), hidden, predecessors, candidates
+            )
+        shape = (int(anchors.numel()), slots_per_block, selector.top_k)
+        extra = {
+            "candidate_ids": candidates.reshape(shape),
+            "candidate_scores": scores.reshape(shape).float(),
+        }
     markov = getattr(model, "markov_head", None)
     if markov is not None:
-        slots = torch.arange(model.block_size)
+        slots = torch.arange(slots_per_block)
         prev_positions = (anchors[:, None] + slots[None] - 1).clamp(min=0)
         prev_positions[:, 0] = anchors  # slot 0 proposes nothing; the package gives it the anchor
         prev_positions = torch.maximum(prev_positions, anchors[:, None])
         prev = ids[0, prev_positions]
         with torch.no_grad():
             logits = logits + markov.block_bias(
-                prev_token_ids=prev, hidden_states=hidden.view(int(anchors.numel()), model.block_size, -1)
+                prev_token_ids=prev, hidden_states=hidden.view(int(anchors.numel()), slots_per_block, -1)
             )
     save_file(
         {
             "logits": logits.contiguous(),
             "lm_head": model.lm_head.weight.detach().contiguous(),
             "embed_tokens": model.embed_tokens.weight.detach().contiguous(),
+            **{name: tensor.contiguous() for name, tensor in extra.items()},
         },
         spec["output"],
     )
-
-
-# the types build_peer_draft makes
-PEER_CLASSES = {"peagle": "PEagleDraftModel", "dspark": "DSparkDraftModel"}
 
 
 def build_peer_draft(spec: dict[str, Any], out_dir: str) -> None:
@@ -131,7 +153,8 @@ def build_peer_draft(spec: dict[str, Any], out_dir: str) -> None:
     what its trainer writes at step 0 (``create_transformer_layer_config`` + ``<Model>.from_training_args``), with
     every trainable weight random so that no tensor can be confused with another on the way through a converter.
 
-    ``spec``: ``type`` (``peagle`` or ``dspark``), ``verifier`` (a local HF dir), ``draft_arch``, ``num_layers``,
+    ``spec``: ``type`` (the package's module under ``speculators.models``), ``package_class`` (its class there: the
+    caller reads it from our unit, ``Algorithm.package_class``), ``verifier`` (a local HF dir), ``draft_arch``, ``num_layers``,
     ``target_layer_ids``, ``mask_token_id``, ``draft_vocab_size`` (a spread-out subset of the verifier vocabulary:
     non-trivial d2t offsets), ``seed``, and the type's own keys (``num_depths``; ``block_size``,
     ``sample_from_anchor``, ``markov_rank``, ``confidence_head_with_markov``)."""
@@ -157,6 +180,7 @@ def build_peer_draft(spec: dict[str, Any], out_dir: str) -> None:
     d2t = kept - torch.arange(draft_vocab)
     shaping = (
         "type",
+        "package_class",
         "verifier",
         "draft_arch",
         "num_layers",
@@ -166,7 +190,7 @@ def build_peer_draft(spec: dict[str, Any], out_dir: str) -> None:
     )
     own = {k: v for k, v in spec.items() if k not in shaping}  # what the package's trainer passes as its args
     model_class = getattr(
-        importlib.import_module(f"speculators.models.{spec['type']}"), PEER_CLASSES[spec["type"]]
+        importlib.import_module(f"speculators.models.{spec['type']}"), spec["package_class"]
     )
     model = model_class.from_training_args(
         verifier_config=layer, t2d=t2d, d2t=d2t, verifier_name_or_path=spec["verifier"], **own
@@ -224,6 +248,66 @@ def peagle_forward(model: Any, spec: dict[str, str]) -> None:
     save_file({"logits": captured["logits"][0].float().contiguous()}, spec["output"])
 
 
+def ttt_forward(model: Any, spec: dict[str, Any]) -> None:
+    """EAGLE-3 logits of every training-time-test step through the package's own training forward, its loss swapped
+    for one that keeps the logits. Everything else is the package's code: ``input_norm`` / ``fc_norm`` and fc over
+    the aux states, step 0 on the projected features, step j on the draft's own step j-1 output (normed when
+    ``norm_output``), its flex attention over the cached steps, positions advanced by one per step.
+
+    Inputs (safetensors): ``hidden_states [1, T, n_aux * H]``, ``input_ids [1, T]`` (the token fed at step 0 with
+    each position's states; step j feeds them shifted j left, zero-filled, as the package does); ``spec["steps"]``.
+    The sequence is zero-padded at the end to a multiple of the flex block (128): causal attention keeps the padding
+    out of every real position. Writes ``logits [steps, T, draft V]`` in float32."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from speculators.models.eagle3 import core
+
+    inputs = load_file(spec["inputs"])
+    hidden, ids = inputs["hidden_states"].float(), inputs["input_ids"]
+    length = ids.shape[1]
+    padded = -(-length // 128) * 128
+    hidden = torch.nn.functional.pad(hidden, (0, 0, 0, padded - length))
+    ids = torch.nn.functional.pad(ids, (0, padded - length))
+    captured: list[Any] = []
+
+    def keep_logits(logits: Any, *_: Any, **__: Any) -> tuple[Any, dict]:
+        captured.append(logits[0, :length].float())
+        return logits.sum() * 0, {}
+
+    core.compute_metrics = keep_logits
+    model = model.float().eval()
+    width = model.config.transformer_layer_config.hidden_size
+    with torch.no_grad():
+        model(
+            hidden_states=hidden,
+            input_ids=ids,
+            document_ids=torch.zeros(1, padded, dtype=torch.long),
+            position_ids=torch.arange(padded).unsqueeze(0),
+            loss_mask=torch.ones(1, padded),
+            verifier_last_hidden_states=torch.zeros(1, padded, width),
+            ttt_steps=int(spec["steps"]),
+        )
+    save_file({"logits": torch.stack(captured).contiguous()}, spec["output"])
+
+
+def mtp_forward(model: Any, spec: dict[str, str]) -> None:
+    """MTP logits through the package's own training forward (``MTPDraftModel.forward``: every step teacher-forced
+    over the whole sequence, each step's hidden the previous step's output), in float32.
+
+    Inputs (safetensors): ``hidden_states [1, T, H]`` (the verifier's last hidden state, final norm applied: what
+    the package's data calls ``verifier_last_hidden_states``), ``input_ids [1, T]``. Writes ``logits [steps, T', V]``
+    (T' = T - steps - 1, the positions every step covers) in float32."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    inputs = load_file(spec["inputs"])
+    model = model.float().eval()
+    with torch.no_grad():
+        logits, _, _ = model(input_ids=inputs["input_ids"], hidden_states=inputs["hidden_states"].float())
+    save_file({"logits": torch.stack([step[0] for step in logits]).float().contiguous()}, spec["output"])
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print("usage: speculators_package_worker.py REQUEST.json RESULT.json", file=sys.stderr)
@@ -242,6 +326,13 @@ def main(argv: list[str]) -> int:
             DFlashConverter().convert(
                 job["input"], request["model"], base_model=job["verifier"], validate=False
             )
+        if request.get("convert_mtp"):  # the package's MTP converter extracts a verifier's MTP layer first
+            from speculators.convert.mtp import MTPConverter
+
+            job = request["convert_mtp"]
+            MTPConverter().convert(
+                job["verifier"], request["model"], base_model=job["verifier"], validate=False
+            )
         if request.get("build"):  # the package's own constructor writes request["model"] first
             build_peer_draft(request["build"], request["model"])
         started = time.perf_counter()
@@ -251,6 +342,10 @@ def main(argv: list[str]) -> int:
             block_forward(model, request["block_forward"])
         if request.get("peagle_forward"):
             peagle_forward(model, request["peagle_forward"])
+        if request.get("ttt_forward"):
+            ttt_forward(model, request["ttt_forward"])
+        if request.get("mtp_forward"):
+            mtp_forward(model, request["mtp_forward"])
         result = {
             "ok": True,
             "speculators_version": version("speculators"),

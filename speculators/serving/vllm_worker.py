@@ -197,7 +197,7 @@ class DraftRecorder:
     step, one row per running request (the bonus token each block is anchored at, then its proposals).
 
     Why: vLLM reports only acceptance counts, which cannot tell two drafts that are both rejected apart; comparing
-    the proposals themselves with our own model's (tests/consumers/test_vllm_dflash.py) shows that vLLM reads every
+    the proposals themselves with our own model's (tests/conformance/test_consumers.py, its block probes) shows that vLLM reads every
     tensor and config key as we meant. It wraps the proposer class's ``propose`` for the job's duration only
     (the engine runs in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and changes no result."""
 

@@ -186,11 +186,11 @@ def test_recipe_settings_become_the_peer_flags(lane):
         assert pairs["--mask-token-id"] == "7" and draft["num_layers"] == cfg.model.num_layers
         if name == "peagle":
             assert pairs["--num-depths"] == str(cfg.train.ttt_steps)
-            assert pairs["--max-anchors"] == str(cfg.train.max_anchors)
+            assert pairs["--max-anchors"] == str(cfg.peagle.max_anchors)
         else:
-            assert pairs["--block-size"] == str(cfg.model.block_size)
-            assert pairs["--max-anchors"] == str(cfg.train.max_anchors)
-            assert pairs["--dflash-decay-gamma"] == repr(float(cfg.train.decay_gamma))
-            assert ("--no-sliding-window-non-causal" in flags) == bool(cfg.model.block_causal)
+            assert pairs["--block-size"] == str(cfg.block.block_size)
+            assert pairs["--max-anchors"] == str(cfg.block.max_anchors)
+            assert pairs["--dflash-decay-gamma"] == repr(float(cfg.block.decay_gamma))
+            assert ("--no-sliding-window-non-causal" in flags) == bool(cfg.block.block_causal)
     with pytest.raises(SystemExit, match="pass --algorithm dflash"):
         recipe_settings("dflash_smollm2_large", [], data, "peagle")

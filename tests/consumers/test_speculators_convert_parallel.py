@@ -1,4 +1,4 @@
-"""``speculators convert`` reads what speculators 0.9.0 really writes for P-EAGLE and DSpark: each draft is built
+"""``speculators convert`` reads what speculators 0.9.0 really writes for P-EAGLE, DSpark and DFlash2: each draft is built
 and saved by the package's own training-time constructor (in its virtualenv, tiny: one layer over SmolLM2), run
 there through its own forward on verifier states, converted by us, validated, and our model then computes the
 package's logits on the same inputs. Each test has a control: one tensor mis-mapped (the aux blocks of
@@ -18,9 +18,10 @@ from speculators.algorithms import load_draft
 from speculators.export import ExportWarning, convert_checkpoint
 from speculators.export.tensors import permute_aux_blocks
 from speculators.format import validate_checkpoint
+from speculators.format.checkpoint import load_tensors
 from speculators.format.validate import errors
 from tests.conftest import require_consumer
-from tests.support.dflash import context_logits
+from tests.support.dflash import context_hidden, context_logits
 
 pytestmark = pytest.mark.consumer
 AUX_IDS = [2, 15, 27]  # vLLM's convention for SmolLM2's 30 layers: the stream entering each layer
@@ -161,3 +162,63 @@ def test_a_speculators_dspark_checkpoint_converts_and_computes_its_logits(
     with torch.no_grad():
         model.fc.weight.copy_(permute_aux_blocks(model.fc.weight, 1, [2, 0, 1], "control"))
     assert (ours()[:, 1:] - theirs["logits"][:, 1:]).abs().max() > 0.1
+
+
+# ---- DFlash2 -------------------------------------------------------------------------------------------------
+def test_a_speculators_dflash2_checkpoint_converts_and_computes_its_logits_and_selector_scores(
+    smollm2_dir, verifier_states, tmp_path
+):
+    """speculators 0.9.0's own DFlash2 (random convolutions and selector; it saves neither embedding nor head)
+    converts to a valid dflash2 directory with its five keys, and our model computes the package's unary logits and
+    its selector's scores of each slot's top-k (teacher forced: each slot's predecessor the data token before it)."""
+    from speculators.serving import block_logits_with_speculators_package
+
+    ids, aux = verifier_states
+    block, anchors, top_k = 5, [6, 11, 17], 4
+    spec = peer_spec(
+        "dflash2", smollm2_dir, draft_arch="qwen3", full_attention_indices=[0], block_size=block,
+        sample_from_anchor=False, selector_rank=16, selector_top_k=top_k, conv_kernel_size=2, conv_group_size=16,
+    )  # fmt: skip
+    spec["draft_vocab_size"] = 49152  # DFlash2 requires the full vocabulary
+    loaded, theirs = block_logits_with_speculators_package(
+        tmp_path / "peer", aux, ids, anchors, tmp_path / "work", build=spec
+    )
+    assert loaded["ok"] and loaded["class"].endswith("dflash2.core.DFlash2DraftModel")
+    assert "lm_head.weight" not in load_tensors(
+        tmp_path / "peer"
+    )  # the package saves no full-vocabulary head
+
+    convert_and_validate(tmp_path / "peer", tmp_path / "ours")
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash2" and config["block_size"] == block
+    assert (config["conv_kernel_size"], config["conv_group_size"]) == (2, 16)
+    assert (config["selector_rank"], config["selector_top_k"]) == (16, top_k)
+    assert config["sliding_window_non_causal"] is True
+    assert config["draft_vocab_size"] == config["transformer_layer_config"]["vocab_size"]
+    model = load_draft(tmp_path / "ours").eval()
+
+    def ours() -> tuple[torch.Tensor, torch.Tensor]:
+        logits, scores = [], []
+        for n, a in enumerate(anchors):
+            hidden = context_hidden(model, aux[:, : a + 1], ids[:, : a + 1])[0]
+            prev = ids[0, [a, *range(a, a + block - 1)]]
+            with torch.no_grad():
+                unary = model.slot_logits(hidden)
+                scores.append(
+                    model.candidate_selector(unary, hidden, prev, theirs["candidate_ids"][n].long())
+                )
+            logits.append(unary)
+        return torch.stack(logits), torch.stack(scores)
+
+    logits, scores = ours()
+    torch.testing.assert_close(logits[:, 1:], theirs["logits"][:, 1:], rtol=1e-4, atol=1e-4)
+    assert torch.equal(logits[:, 1:].topk(top_k, dim=-1).indices, theirs["candidate_ids"][:, 1:].long())
+    torch.testing.assert_close(scores[:, 1:], theirs["candidate_scores"][:, 1:], rtol=1e-4, atol=1e-4)
+    # the control: the selector's two codebooks swapped give other scores (the unary logits stay)
+    selector = model.candidate_selector
+    with torch.no_grad():
+        before = selector.predecessor_codebook.clone()
+        selector.predecessor_codebook.copy_(selector.successor_codebook)
+        selector.successor_codebook.copy_(before)
+    swapped = ours()[1]
+    assert (swapped[:, 1:] - theirs["candidate_scores"][:, 1:]).abs().max() > 1e-3

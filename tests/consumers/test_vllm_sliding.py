@@ -9,23 +9,77 @@ acceptance for it (a vLLM that ignored the window would match the control, not t
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from speculators.algorithms.eagle3.config import Eagle3Config, window_layout
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.decoding.engine import DecodingConfig, SpeculativeDecoder
-from speculators.format.config import Eagle3Config
+from speculators.families import default_aux_layer_ids
 from speculators.format.validate import errors, validate_checkpoint
-from speculators.models import Eagle3DraftModel
 from speculators.serving import vllm_bridge as bridge
 from tests.conftest import require_consumer
-from tests.consumers.test_vllm_fitted import INIT_STD, NEW_TOKENS, K, chat_prompts, fit
+from tests.support import quickfit
 from tests.support.verifiers import build_tiny_verifier
+from train.targets import TargetHead
 
 pytestmark = [pytest.mark.consumer, pytest.mark.slow]
 
 WINDOW = 6
+K = 3
+NEW_TOKENS = 32
+DRAFT_VOCAB = 512
+INIT_STD = 0.3  # a random verifier whose greedy tokens a draft cannot predict from the token alone
+
+
+@dataclass
+class Fitted:
+    verifier_dir: Path
+    prompts: list[list[int]]
+    draft: Eagle3DraftModel
+    ours: dict[str, Any]  # our engine's DecodingStats summary
+    tokens: list[list[int]]
+
+
+def fit(
+    verifier_dir: Path,
+    prompts: list[list[int]],
+    norm_before_residual: bool,
+    steps: int,
+    sliding_window: int | None = None,
+) -> Fitted:
+    """A draft fitted on the verifier's greedy continuations of ``prompts``, and what our engine measures of it;
+    with ``sliding_window``, its layer attends over that many positions, in training and decoding alike."""
+    from transformers import AutoModelForCausalLM
+
+    verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
+    aux_ids = default_aux_layer_ids(verifier.config.num_hidden_layers)
+    data = quickfit.collect(verifier, prompts, aux_ids, NEW_TOKENS)
+    vocab_size = verifier.config.vocab_size
+    vocab = quickfit.draft_vocabulary(data, vocab_size, min(DRAFT_VOCAB, vocab_size))
+    draft = quickfit.init_draft(verifier, str(verifier_dir), vocab, aux_ids)
+    if (
+        draft.config.norm_before_residual != norm_before_residual or sliding_window
+    ):  # same start, other layout
+        config = Eagle3Config.from_dict(
+            {**draft.config.to_dict(), "norm_before_residual": norm_before_residual}
+        )
+        if sliding_window:
+            config.transformer_layer_config.update(window_layout(sliding_window, config.num_layers))
+        rebuilt = Eagle3DraftModel(config)
+        rebuilt.load_state_dict(draft.state_dict())
+        draft = rebuilt
+    quickfit.fit_steps(draft, TargetHead.from_model(verifier, vocab.target_ids), data, steps)
+    decoder = SpeculativeDecoder(
+        verifier, draft, DecodingConfig(method="chain", num_speculative_tokens=K, max_new_tokens=NEW_TOKENS)
+    )
+    with torch.no_grad():
+        result = decoder.generate(prompts)
+    return Fitted(verifier_dir, prompts, draft, result.stats.summary(), result.tokens)
 
 
 def without_window(draft: Eagle3DraftModel) -> Eagle3DraftModel:
@@ -65,7 +119,7 @@ def drafts(tmp_path_factory, smollm2_tokenizer) -> dict:
         vocab_size=len(smollm2_tokenizer),
         initializer_range=INIT_STD,
     )
-    prompts = chat_prompts(smollm2_tokenizer)
+    prompts = quickfit.fit_prompts(smollm2_tokenizer)
     windowed = fit(verifier_dir, prompts, norm_before_residual=False, steps=60, sliding_window=WINDOW)
     full = without_window(windowed.draft)
     full_stats, full_tokens = our_engine(verifier_dir, full, prompts)

@@ -11,7 +11,7 @@ from tests.conftest import REPO_ROOT
 
 
 @pytest.mark.parametrize(
-    "recipe", ["eagle3_llama8b", "eagle3_qwen3_8b", "hass_llama8b", "hass_llama8b_stage2"]
+    "recipe", ["eagle3_llama8b", "eagle3_qwen3_8b", "hass_llama8b", "hass_llama8b_stage2", "eagle31_llama8b"]
 )
 def test_8b_recipes_regenerate_with_vllm_first(recipe):
     with initialize_config_dir(config_dir=str(REPO_ROOT / "recipes"), version_base=None):

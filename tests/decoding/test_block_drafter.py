@@ -17,10 +17,10 @@ import copy
 import pytest
 import torch
 
+from speculators.algorithms.dflash.drafter import BlockDrafter
+from speculators.algorithms.dflash.model import block_attention
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, plain_generate
-from speculators.decoding.block_drafter import BlockDrafter
-from speculators.decoding.drafter import Segment
-from speculators.models.dflash import block_attention
+from speculators.decoding.segment import Segment
 from speculators.verifier import capture_aux_states
 from tests.decoding.test_lossless import (
     FAIL_P,
@@ -354,8 +354,8 @@ def test_qwen3_verifier(tiny_qwen3_dir, chat_prompts):
 def test_dspark_reads_each_slot_after_the_token_drafted_before_it(verifier, prompts):
     """DSpark's Markov bias makes slot s depend on the token drafted at s-1 (the root for the first slot), as
     vLLM's DSpark proposer drafts; the backbone still runs once. Greedy output stays the verifier's."""
-    from speculators.format.dflash_config import DSparkConfig
-    from speculators.models.dspark import DSparkDraftModel
+    from speculators.algorithms.dspark.config import DSparkConfig
+    from speculators.algorithms.dspark.model import DSparkDraftModel
 
     torch.manual_seed(3)
     config = DSparkConfig.from_verifier(
@@ -397,3 +397,204 @@ def test_dspark_reads_each_slot_after_the_token_drafted_before_it(verifier, prom
         prev = draft.draft_to_target(expected[-1])
     assert torch.equal(chosen, torch.stack(expected, dim=1))
     assert not torch.equal(chosen, draft.lm_head(hidden).argmax(-1))  # the bias mattered
+
+
+# ---- DFlash2: the candidate selector's walk -------------------------------------------------------------------
+def random_dflash2_draft(verifier, block_size: int, top_k: int, seed: int = 5):
+    """A DFlash2 draft over the verifier's whole vocabulary whose convolutions and selector are random and strong
+    (a trained-looking draft: the convolutions mix slots, the selector's transition scores change the argmax)."""
+    from speculators.algorithms.dflash2.config import DFlash2Config
+    from speculators.algorithms.dflash2.model import DFlash2DraftModel
+
+    torch.manual_seed(seed)
+    config = DFlash2Config.from_verifier(
+        verifier.config.to_dict(),
+        "in-memory",
+        mask_token_id=3,
+        block_size=block_size,
+        block_causal=False,
+        torch_dtype="float32",
+        conv_group_size=8,
+        selector_rank=8,
+        selector_top_k=top_k,
+    )
+    draft = DFlash2DraftModel(config).eval().requires_grad_(False)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(verifier.get_input_embeddings().weight)
+        draft.lm_head.weight.copy_(verifier.get_output_embeddings().weight)
+        for layer in draft.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                conv.kernel_projection.weight.normal_(0.0, 0.3)
+                conv.base_kernel.normal_(0.5, 0.3)
+        selector = draft.candidate_selector
+        for table in (selector.predecessor_codebook, selector.successor_codebook):
+            table.normal_()
+        selector.hidden_projection.weight.normal_(0.0, 1.0)
+    return draft
+
+
+def test_dflash2_drafts_the_selectors_pick_after_the_token_drafted_before_it(verifier, prompts):
+    """Each DFlash2 draft token is the selector's argmax among its slot's unary top-k given the token drafted at
+    the slot before (the root for the first), as vLLM's V2 DFlash2 speculator walks; one backbone forward per
+    verify step, and greedy output stays the verifier's."""
+    from speculators.algorithms import get
+    from speculators.algorithms.dflash2.drafter import SelectorBlockDrafter
+
+    draft = random_dflash2_draft(verifier, BLOCK, top_k=4)
+    assert get("dflash2").drafter_class is SelectorBlockDrafter
+    for prompt in prompts[:4]:
+        cfg = DecodingConfig(num_speculative_tokens=4, max_new_tokens=GREEDY_NEW)
+        ours = SpeculativeDecoder(verifier, draft, cfg).generate([prompt])
+        assert ours.tokens == plain_generate(verifier, [prompt], max_new_tokens=GREEDY_NEW).tokens
+        assert ours.stats.draft_forwards == ours.stats.verify_steps
+    drafter = SelectorBlockDrafter(draft, 2, torch.device("cpu"))
+    features = torch.randn(2, 4, len(draft.config.aux_layer_ids) * verifier.config.hidden_size)
+    drafter.read_segment(
+        Segment(features, torch.zeros(2, 4, dtype=torch.long), torch.arange(4)[None].expand(2, -1),
+                torch.ones(2, 4, dtype=torch.bool))
+    )  # fmt: skip
+    root = torch.tensor([5, 9])
+    hidden = drafter.block_hidden(root, torch.tensor([4, 4]), 4)
+    chosen, _ = drafter.choose(hidden, root, 0.0, 1.0, None)
+    prev, expected = root, []
+    selector = draft.candidate_selector
+    for slot in range(4):
+        unary = draft.lm_head(hidden[:, slot])
+        ids = unary.topk(4, dim=-1).indices
+        transition = (
+            (selector.predecessor_codebook[prev] * selector.hidden_projection(hidden[:, slot]))[:, None]
+            * selector.successor_codebook[ids]
+        ).sum(-1)
+        expected.append(ids.gather(-1, (unary.gather(-1, ids) + transition).argmax(-1, keepdim=True))[:, 0])
+        prev = expected[-1]
+    assert torch.equal(chosen, torch.stack(expected, dim=1))
+    assert not torch.equal(chosen, draft.lm_head(hidden).argmax(-1))  # the selector mattered
+
+
+def test_an_untrained_dflash2_backbone_is_dflashs(verifier):
+    """DFlash2's convolutions start as the identity (speculators 0.9.0's init): with DFlash's weights its block
+    states are DFlash's exactly; the trained-looking random convolutions change them."""
+    from speculators.algorithms.dflash2.config import DFlash2Config
+    from speculators.algorithms.dflash2.model import DFlash2DraftModel
+
+    config = DFlash2Config.from_verifier(
+        verifier.config.to_dict(), "in-memory", mask_token_id=3, block_size=BLOCK, block_causal=False,
+        torch_dtype="float32", conv_group_size=8, selector_rank=8, selector_top_k=4,
+    )  # fmt: skip
+    dflash2 = DFlash2DraftModel(config).eval()
+    plain = random_dflash_draft(verifier, block_size=BLOCK, block_causal=False)
+    missing, unexpected = dflash2.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and all("conv" in n or "candidate_selector" in n for n in missing)
+    segment = Segment(
+        torch.randn(1, 6, len(config.aux_layer_ids) * verifier.config.hidden_size),
+        torch.zeros(1, 6, dtype=torch.long), torch.arange(6)[None], torch.ones(1, 6, dtype=torch.bool),
+    )  # fmt: skip
+    states = []
+    for draft in (plain, dflash2, random_dflash2_draft(verifier, BLOCK, top_k=4)):
+        draft.load_state_dict(plain.state_dict(), strict=False)  # DFlash's weights; its own stay
+        drafter = BlockDrafter(draft, 1, torch.device("cpu"))
+        drafter.read_segment(segment)
+        with torch.no_grad():
+            states.append(drafter.block_hidden(torch.tensor([7]), torch.tensor([6]), 4))
+    torch.testing.assert_close(states[1], states[0], rtol=0, atol=1e-6)
+    assert (states[2] - states[0]).abs().max() > 0.1
+
+
+@pytest.fixture(scope="module")
+def dflash2_sampling_pair(sampling_pair):
+    """``sampling_pair``'s verifier with a DFlash2 draft whose selector keeps 3 of its 8 tokens per slot: ``q`` is
+    the softmax of the tempered selector scores over those 3 (zero elsewhere), depending on the token drawn before."""
+    verifier = sampling_pair[0]
+    draft = random_dflash2_draft(verifier, block_size=4, top_k=3)
+    with torch.no_grad():
+        draft.candidate_selector.predecessor_codebook.mul_(0.5)
+    return verifier, draft
+
+
+def test_dflash2_sampling_is_lossless(dflash2_sampling_pair):
+    joint = exact_joint(dflash2_sampling_pair[0], BLOCK_SAMPLING.temperature, BLOCK_SAMPLING.top_p)
+    tokens, per_position = sample_rows(dflash2_sampling_pair, BLOCK_SAMPLING)
+    assert 0.05 < per_position[0] < 0.95, per_position
+    for positions in [(0, 1, 2), (2, 3)]:
+        assert p_value(tokens, joint, positions) > PASS_P, positions
+
+
+# ---- LiLiCorr: the candidate lattice's walk -------------------------------------------------------------------
+def random_lilicorr_draft(verifier, block_size: int, topk: int, scale: float = 8.0, seed: int = 6):
+    """A LiLiCorr draft over the verifier's whole vocabulary whose head is random and strong (its transition scores
+    change the argmax), with the verifier's embedding and head (as vLLM uses the target's)."""
+    from speculators.algorithms.lilicorr.config import LiLiCorrConfig
+    from speculators.algorithms.lilicorr.model import LiLiCorrDraftModel
+
+    torch.manual_seed(seed)
+    config = LiLiCorrConfig.from_verifier(
+        verifier.config.to_dict(), "in-memory", mask_token_id=3, block_size=block_size, block_causal=False,
+        torch_dtype="float32", lilicorr_hidden_size=16, lilicorr_candidate_topk=topk, lilicorr_num_heads=2,
+        lilicorr_factor_dim=8, lilicorr_num_layers=1, lilicorr_logit_scale=scale,
+    )  # fmt: skip
+    draft = LiLiCorrDraftModel(config).eval().requires_grad_(False)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(verifier.get_input_embeddings().weight)
+        draft.lm_head.weight.copy_(verifier.get_output_embeddings().weight)
+        for name, parameter in draft.lilicorr.named_parameters():
+            if "norm" not in name:
+                parameter.normal_(0.0, 0.5)
+    return draft
+
+
+def test_lilicorr_drafts_the_greedy_walk_of_its_lattice(verifier, prompts):
+    """Each LiLiCorr draft token is the best transition from the candidate drafted before it (the anchor's start
+    scores for the first slot) on the lattice of every slot's top-k, scored by ONE head forward after one backbone
+    forward per verify step, as vLLM's V2 speculator walks it; greedy output stays the verifier's; the anchor is
+    ``hidden_norm(fc(aux))`` of each row's last confirmed position."""
+    from speculators.algorithms import get
+    from speculators.algorithms.lilicorr.drafter import LatticeBlockDrafter
+    from speculators.algorithms.lilicorr.model import walk
+
+    draft = random_lilicorr_draft(verifier, BLOCK, topk=4)
+    assert get("lilicorr").drafter_class is LatticeBlockDrafter
+    for prompt in prompts[:4]:
+        cfg = DecodingConfig(num_speculative_tokens=4, max_new_tokens=GREEDY_NEW)
+        ours = SpeculativeDecoder(verifier, draft, cfg).generate([prompt])
+        assert ours.tokens == plain_generate(verifier, [prompt], max_new_tokens=GREEDY_NEW).tokens
+        assert ours.stats.draft_forwards == ours.stats.verify_steps
+    drafter = LatticeBlockDrafter(draft, 2, torch.device("cpu"))
+    features = torch.randn(2, 4, len(draft.config.aux_layer_ids) * verifier.config.hidden_size)
+    valid = torch.tensor(
+        [[True, True, True, False], [True, True, True, True]]
+    )  # row 0's last column is a hole
+    drafter.read_segment(
+        Segment(features, torch.zeros(2, 4, dtype=torch.long), torch.arange(4)[None].expand(2, -1), valid)
+    )
+    root = torch.tensor([5, 9])
+    for k in (4, 2):  # a shorter draft reads the head's first k slots
+        hidden = drafter.block_hidden(root, torch.tensor([4, 4]), k)
+        chosen, _ = drafter.choose(hidden, root, 0.0, 1.0, None)
+        ids, log_probs = draft.candidates(hidden)
+        anchor = draft.hidden_norm(draft.fc(features[[0, 1], [2, 3]]))
+        rows = draft.lattice_scores(hidden, anchor, torch.ones(2, dtype=torch.bool), ids, log_probs)
+        assert rows.shape == (2, k, 4, 4)
+        assert torch.equal(chosen, ids.gather(-1, walk(rows)[..., None])[..., 0])
+        assert not torch.equal(chosen, draft.lm_head(hidden).argmax(-1))  # the head mattered
+
+
+@pytest.fixture(scope="module")
+def lilicorr_sampling_pair(sampling_pair):
+    """``sampling_pair``'s verifier with a LiLiCorr draft over the top 4 of its 8 tokens per slot: ``q`` is the
+    softmax of the tempered row of the candidate drawn before (zero outside the slot's candidates)."""
+    verifier = sampling_pair[0]
+    return verifier, random_lilicorr_draft(verifier, block_size=4, topk=4, scale=2.0)
+
+
+def test_lilicorr_sampling_is_lossless(lilicorr_sampling_pair):
+    joint = exact_joint(lilicorr_sampling_pair[0], BLOCK_SAMPLING.temperature, BLOCK_SAMPLING.top_p)
+    tokens, per_position = sample_rows(lilicorr_sampling_pair, BLOCK_SAMPLING)
+    assert 0.05 < per_position[0] < 0.95, per_position
+    for positions in [(0, 1, 2), (2, 3)]:
+        assert p_value(tokens, joint, positions) > PASS_P, positions
+
+
+def test_broken_rule_is_detected_with_lilicorr_drafts(lilicorr_sampling_pair):
+    joint = exact_joint(lilicorr_sampling_pair[0], BLOCK_SAMPLING.temperature, BLOCK_SAMPLING.top_p)
+    tokens, _ = sample_rows(lilicorr_sampling_pair, BLOCK_SAMPLING, AcceptAlways())
+    assert min(p_value(tokens, joint, positions) for positions in [(0, 1, 2), (2, 3)]) < FAIL_P

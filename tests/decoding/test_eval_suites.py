@@ -229,3 +229,68 @@ def test_a_missing_or_other_version_of_a_suite_wheel_names_the_pin(monkeypatch):
         suites.suite_path(other)
     with pytest.raises(ValueError, match="unknown suite"):
         suites.parse_suites("mtbench,alpaca")
+
+
+def test_the_model_card_shows_each_suite_and_category_from_the_request_table(suite_eval, tmp_path):
+    """The card's per-suite and per-category tables hold the hand counts of ``requests.jsonl``; a table with one
+    suite's rows removed gives a card without that suite (the card reads the table, not a copy of its figures)."""
+    from speculators.export.model_card import eval_results_tables, table_reports
+
+    results, rows, out = suite_eval
+    tables = dict(
+        eval_results_tables(results, "eval/results.json", table_reports(out / "results.json", results))
+    )
+    ours = [r for r in rows if r["engine"] == "ours" and r["run"] == "chain-k3"]
+    by_suite = defaultdict(list)
+    by_category = defaultdict(list)
+    for row in ours:
+        by_suite[row["suite"]].append(row)
+        by_category[f"{row['suite']}/{row['category']}"].append(row)
+    suite_table = next(
+        t for title, t in tables.items() if title.startswith("chain-k3 (our engine) per suite,")
+    )
+    category_table = next(
+        t for title, t in tables.items() if title.startswith("chain-k3 (our engine) per suite and category")
+    )
+    for table, groups in ((suite_table, by_suite), (category_table, by_category)):
+        lines = table.splitlines()
+        assert len(lines) == 2 + len(groups)
+        for key, part in groups.items():
+            line = next(line for line in lines if line.startswith(f"| {key} |"))
+            steps = sum(len(r["accepted_per_step"]) for r in part)
+            per_step = sum(r["output_tokens"] for r in part) / (steps + len(part))
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            assert cells[1] == str(len(part))
+            assert cells[3] == f"{hand_count(part)['acceptance_length_global']:.4g}"
+            assert cells[4] == f"{per_step:.4g}"
+    trimmed = tmp_path / "trimmed"
+    trimmed.mkdir()
+    (trimmed / "requests.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows if r["suite"] != "gsm8k")
+    )
+    reports = table_reports(trimmed / "results.json", results)
+    shown = "\n".join(t for _, t in eval_results_tables(results, "eval/results.json", reports))
+    assert "| gsm8k |" not in shown and "| humaneval |" in shown
+
+
+def test_the_plot_has_a_per_suite_panel_from_the_reports(suite_eval):
+    from speculators.eval.plot import build_figure
+
+    results, rows, _ = suite_eval
+    figure = build_figure(results)
+    try:
+        panel = figure.axes[2]
+        assert panel.get_title() == "Acceptance length per suite"
+        labels = [tick.get_text() for tick in panel.get_xticklabels()]
+        runs = [run["name"] for run in results["runs"]]
+        heights = {}
+        for container, run in zip(panel.containers, runs, strict=True):
+            heights[run] = dict(zip(labels, (bar.get_height() for bar in container), strict=True))
+        for run in runs:
+            for suite in labels:
+                part = [r for r in rows if r["engine"] == "ours" and r["run"] == run and r["suite"] == suite]
+                assert heights[run][suite] == pytest.approx(hand_count(part)["acceptance_length_global"])
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)

@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speculators.algorithms.peagle.config import PEagleConfig
+from speculators.algorithms.peagle.drafter import ParallelDrafter
+from speculators.algorithms.peagle.model import PEagleDraftModel
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, plain_generate
-from speculators.decoding.drafter import Segment
 from speculators.decoding.drafters import drafter_class
 from speculators.decoding.engine import VerifierRunner
-from speculators.decoding.parallel_drafter import ParallelDrafter
-from speculators.format.config import PEagleConfig
-from speculators.models.peagle import PEagleDraftModel
+from speculators.decoding.segment import Segment
 from speculators.verifier import capture_aux_states
 from tests.support.tiny_models import single_thread
-from train.objectives.parallel_eagle import ParallelDraft
+from train.objectives.peagle import ParallelDraft
 
 K = 4
 NEW = 24

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from speculators.decoding.drafter import _select_tree
+from speculators.algorithms.eagle3.drafter import _select_tree
 from speculators.decoding.metrics import DecodingStats
 from speculators.decoding.tree import DraftTree, chain_tree
 from speculators.decoding.verify import RejectionSampler, verify_greedy

@@ -12,9 +12,9 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from speculators.format import Eagle3Config
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.format.checkpoint import read_config
-from speculators.models import Eagle3DraftModel
 from speculators.vocab import build_draft_vocab
 from tests.support.verifiers import build_tiny_verifier
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.cli import main as cli_main
 from speculators.export import (
     ExportWarning,
@@ -23,7 +25,6 @@ from speculators.export.sources import read_config, read_weights
 from speculators.export.writer import InvalidCheckpointError
 from speculators.format import load_checkpoint, validate_checkpoint
 from speculators.format.validate import errors
-from speculators.models import Eagle3DraftModel
 from speculators.verifier import verifier_embedding
 from tests.export.conftest import (
     build_draft,
@@ -199,7 +200,9 @@ def test_older_speculators_config_is_normalised(tmp_path, small_verifier_dir):
     assert_same_draft(tmp_path / "out", model)
 
 
-def test_newer_flags_kept_or_refused_for_max_compat(tmp_path, small_verifier_dir):
+def test_a_norm_flag_the_draft_was_trained_with_is_kept_in_every_mode(tmp_path, small_verifier_dir):
+    """EAGLE-3.1's flags (speculators 0.9.0's default): the default max-compat form keeps a flag the weights need,
+    with a warning naming the consumers that read it, as --flags keep does silently; an absent flag is false."""
     model = build_draft(small_verifier_dir, draft_vocab_size=256, seed=6)
     config = copy.deepcopy(model.config)
     config.norm_before_fc = True
@@ -208,12 +211,19 @@ def test_newer_flags_kept_or_refused_for_max_compat(tmp_path, small_verifier_dir
     with torch.no_grad():
         newer.input_norm.weight.uniform_(0.5, 1.5)
     newer.save_pretrained(tmp_path / "src", dtype=torch.float32)
-    with pytest.raises(ValueError, match="--flags keep"):
-        convert_checkpoint(tmp_path / "src", tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-    convert_checkpoint(tmp_path / "src", tmp_path / "out", flags="keep", dtype="float32")
-    assert load_checkpoint(tmp_path / "out")[0]["norm_before_fc"] is True
+    with pytest.warns(
+        ExportWarning, match=r"kept \['norm_before_fc'\] true.*vLLM 0.32 and speculators 0.9.0"
+    ):
+        convert_checkpoint(tmp_path / "src", tmp_path / "out", dtype="float32")
+    converted = load_checkpoint(tmp_path / "out")[0]
+    assert converted["norm_before_fc"] is True and converted["norm_output"] is False
     assert_same_draft(tmp_path / "out", newer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        convert_checkpoint(tmp_path / "src", tmp_path / "kept", flags="keep", dtype="float32")
+    assert not [w for w in caught if "kept [" in str(w.message)]
+    assert load_checkpoint(tmp_path / "kept")[0]["norm_before_fc"] is True
+    assert_same_draft(tmp_path / "kept", newer)
 
 
 def test_current_speculators_checkpoint_round_trips_unchanged(tmp_path, small_verifier_dir, recwarn):
@@ -333,8 +343,8 @@ def test_unsorted_aux_ids_permute_peagle_mask_hidden_too(tmp_path, small_verifie
     order: when the export sorts the ids it must move with fc's columns, or every mask slot reads fc(a shuffled
     vector) and the served draft proposes other tokens than the trained one. Checked through the exporter (a
     trainer run) and the converter (a speculators-layout directory)."""
-    from speculators.format.config import PEagleConfig
-    from speculators.models.peagle import PEagleDraftModel
+    from speculators.algorithms.peagle.config import PEagleConfig
+    from speculators.algorithms.peagle.model import PEagleDraftModel
     from tests.export.conftest import make_run
 
     torch.manual_seed(4)
@@ -373,8 +383,8 @@ def test_unsorted_aux_ids_permute_peagle_mask_hidden_too(tmp_path, small_verifie
 def test_a_peagle_source_without_mask_token_is_refused(tmp_path, small_verifier_dir):
     """speculators 0.9.0 writes ``mask_token_id: null`` when its trainer was given none to resolve: vLLM cannot fill
     the mask slots, so nothing is written and the error says which key."""
-    from speculators.format.config import PEagleConfig
-    from speculators.models.peagle import PEagleDraftModel
+    from speculators.algorithms.peagle.config import PEagleConfig
+    from speculators.algorithms.peagle.model import PEagleDraftModel
 
     config = PEagleConfig.from_verifier(
         read_config(small_verifier_dir), str(small_verifier_dir), mask_token_id=3, draft_vocab_size=1000

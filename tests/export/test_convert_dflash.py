@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from speculators.algorithms.dflash.model import DFlashDraftModel
 from speculators.cli import main as cli_main
 from speculators.export import ExportWarning, convert_checkpoint, detect_layout
 from speculators.format import load_checkpoint, validate_checkpoint
 from speculators.format.checkpoint import read_config
 from speculators.format.validate import errors
-from speculators.models.dflash import DFlashDraftModel
 from speculators.verifier import LM_HEAD_NAMES, VERIFIER_EMBEDDING_NAMES, read_verifier_tensors
 from tests.support.dflash import build_dflash_draft, context_logits, speculators_source, zlab_source
 

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.eval.evaluation import EvalSettings, draft_identity, evaluate
 from speculators.eval.plot import build_figure
 from speculators.export import export_checkpoint
-from speculators.models import Eagle3DraftModel
 from tests.export.conftest import build_draft, make_run
 
 HASS = {"recipe_name": "hass_tiny", "train": {"algorithm": "hass", "ttt_steps": 3}}

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.cli import main as cli_main
 from speculators.export import ExportWarning, InvalidCheckpointError, export_checkpoint
 from speculators.format import load_checkpoint, validate_checkpoint
 from speculators.format.validate import errors
-from speculators.models import Eagle3DraftModel
 from tests.export.conftest import build_draft, draft_logits, make_run, state_dict_of
 
 PNG_1PX = bytes.fromhex(

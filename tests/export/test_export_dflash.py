@@ -14,12 +14,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from speculators import algorithms
+from speculators.algorithms.dflash.model import DFlashDraftModel
 from speculators.cli import main as cli_main
 from speculators.export import ExportWarning, export_checkpoint
 from speculators.format import load_checkpoint, validate_checkpoint
 from speculators.format.checkpoint import read_config
 from speculators.format.validate import errors
-from speculators.models.dflash import DFlashDraftModel
 from tests.export.conftest import make_run
 from tests.support.dflash import build_dflash_draft, context_logits
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.export import export_checkpoint
-from speculators.models import Eagle3DraftModel
 from tests.conftest import REPO_ROOT
 from tests.export.conftest import draft_logits
 from tests.train import conftest as helpers  # the trainer tests' builders: a missing dependency is an error

@@ -39,7 +39,7 @@ def main(draft_dir: str, state_dir: str, reference: str) -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # skip the g++ shm build
     import deepspeed
 
-    from speculators.models import Eagle3DraftModel
+    from speculators.algorithms.eagle3.model import Eagle3DraftModel
 
     torch.manual_seed(0)
     model = Wrapper(Eagle3DraftModel.from_pretrained(draft_dir, dtype=torch.float32))

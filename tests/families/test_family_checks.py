@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.decoding.engine import DecodingConfig, check_supported, plain_generate
 from speculators.export import convert_checkpoint
-from speculators.format.config import Eagle3Config
 from speculators.format.validate import errors, validate_checkpoint
-from speculators.models import Eagle3DraftModel
 from speculators.verifier import load_verifier
 from tests.export.conftest import write_specforge
 

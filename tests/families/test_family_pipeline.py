@@ -58,10 +58,10 @@ def run_family(name: str, verifier: Path, root: Path, chats: Path) -> FamilyRun:
     """data_gen → train → export → validate → our engine's decoding, for one family."""
     from data_gen.pipeline import run_data_gen
     from data_gen.store import FeatureDataset
+    from speculators.algorithms.eagle3.model import Eagle3DraftModel
     from speculators.decoding.engine import DecodingConfig, SpeculativeDecoder
     from speculators.export import export_checkpoint
     from speculators.format.validate import errors, validate_checkpoint
-    from speculators.models import Eagle3DraftModel
     from speculators.verifier import load_verifier
     from tests.train.conftest import compose
     from train.trainer import train

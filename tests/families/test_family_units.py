@@ -11,7 +11,7 @@ import torch
 
 from data_gen.capture import FeatureCapture
 from speculators import draft_layer_types, families
-from speculators.format.config import Eagle3Config
+from speculators.algorithms.eagle3.config import Eagle3Config
 from speculators.verifier import load_verifier, verifier_config_dict
 from tests.support.families import TINY_FAMILIES
 from train.targets import TargetHead

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from speculators import draft_layer_types, families
-from speculators.format.validate import decoder_layer_shapes, expected_shapes
+from speculators.algorithms.eagle3.rules import expected_shapes
+from speculators.format.validate import decoder_layer_shapes
 
 
 def test_the_registry_declares_what_vllm_builds():

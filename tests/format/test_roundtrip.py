@@ -7,10 +7,12 @@ import json
 import pytest
 import torch
 
-from speculators.format import Eagle3Config, load_checkpoint, validate_checkpoint
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
+from speculators.algorithms.eagle3.rules import expected_shapes
+from speculators.format import load_checkpoint, validate_checkpoint
 from speculators.format.checkpoint import read_config
-from speculators.format.validate import errors, expected_shapes
-from speculators.models import Eagle3DraftModel
+from speculators.format.validate import errors
 from speculators.vocab import build_draft_vocab
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.cli import main as cli_main
 from speculators.format import validate_checkpoint
 from speculators.format.checkpoint import read_config
 from speculators.format.validate import errors
-from speculators.models import Eagle3DraftModel
 
 from .test_roundtrip import build_draft
 

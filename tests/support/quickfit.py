@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.decoding.engine import plain_generate
 from speculators.format.config import default_aux_layer_ids
-from speculators.models.eagle3 import Eagle3DraftModel
 from speculators.verifier import capture_aux_states, final_norm
 from speculators.vocab import DraftVocab, build_draft_vocab
 from train.losses import step_masks, step_terms
@@ -36,6 +36,15 @@ FIT_TEXTS = [
     "Tell me a joke.",
     "Explain rain to a child.",
 ]
+
+
+def fit_prompts(tokenizer) -> list[list[int]]:
+    """``FIT_TEXTS`` as chat prompts in token ids (every engine of a comparison gets exactly the same input)."""
+    prompts = []
+    for text in FIT_TEXTS:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return prompts
 
 
 @dataclass
@@ -112,11 +121,13 @@ def init_draft(
     num_layers: int = 1,
     seed: int = 0,
     model_class: type[Eagle3DraftModel] = Eagle3DraftModel,
+    config_keys: dict[str, Any] | None = None,
     **config_fields: Any,
 ) -> Eagle3DraftModel:
     """A draft shaped after the verifier; embedding copied (frozen), lm_head and final norm copied from the
     verifier's rows of the draft vocabulary (a strong start). ``model_class``: a draft of the EAGLE-3 family
-    (P-EAGLE's, whose own config fields, e.g. its mask token, come in ``config_fields``)."""
+    (P-EAGLE's, whose own config fields, e.g. its mask token, come in ``config_fields``). ``config_keys``: config
+    attributes set after construction (a declared variant's, e.g. EAGLE-3.1's norm flags)."""
     torch.manual_seed(seed)
     config = model_class.config_class.from_verifier(
         verifier.config.to_dict(),
@@ -127,6 +138,8 @@ def init_draft(
         torch_dtype="float32",
         **config_fields,
     )
+    for key, value in (config_keys or {}).items():
+        setattr(config, key, value)
     draft = model_class(config)
     draft.set_vocab(vocab.d2t, vocab.t2d)
     with torch.no_grad():
@@ -141,13 +154,14 @@ def batch_of(data: FitData, rows: list[int]) -> dict[str, torch.Tensor]:
     """Rows padded to the longest, one document each (document id -1 on padding), as the trainer's batches are."""
     width = max(len(data.tokens[r]) for r in rows)
     shape = (len(rows), width)
+    device = data.tokens[rows[0]].device  # the data's device (scripts/gpu_check.py fits on the GPU)
     batch = {
-        "input_ids": torch.zeros(shape, dtype=torch.long),
-        "aux_hidden": torch.zeros(*shape, data.aux[rows[0]].shape[-1]),
-        "last_hidden": torch.zeros(*shape, data.last_hidden[rows[0]].shape[-1]),
-        "position_ids": torch.arange(width).expand(shape).clone(),
-        "document_ids": torch.full(shape, -1, dtype=torch.long),
-        "loss_mask": torch.zeros(shape, dtype=torch.long),
+        "input_ids": torch.zeros(shape, dtype=torch.long, device=device),
+        "aux_hidden": torch.zeros(*shape, data.aux[rows[0]].shape[-1], device=device),
+        "last_hidden": torch.zeros(*shape, data.last_hidden[rows[0]].shape[-1], device=device),
+        "position_ids": torch.arange(width, device=device).expand(shape).clone(),
+        "document_ids": torch.full(shape, -1, dtype=torch.long, device=device),
+        "loss_mask": torch.zeros(shape, dtype=torch.long, device=device),
     }
     for i, r in enumerate(rows):
         length = len(data.tokens[r])
@@ -192,7 +206,7 @@ def fit_steps(
 ) -> list[float]:
     """AdamW (cosine schedule, clipping 1.0) on the unrolled cross-entropy against the verifier's greedy tokens.
     ``unroll``: the trainer's wrapper that computes every step (P-EAGLE's ``ParallelDraft``: its K depths score
-    the same targets as the TTT steps, train/objectives/parallel_eagle.py)."""
+    the same targets as the TTT steps, train/objectives/peagle.py)."""
     generator = torch.Generator().manual_seed(seed)
     model = unroll(draft, ttt_steps, attention_backend="chunked")
     params = [p for p in draft.parameters() if p.requires_grad]

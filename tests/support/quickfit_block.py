@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from speculators.algorithms.dflash.model import DFlashDraftModel, block_attention
 from speculators.format.config import default_aux_layer_ids
-from speculators.models.dflash import DFlashDraftModel, block_attention
 from speculators.verifier import final_norm
 from tests.support.quickfit import FitData, collect, draft_vocabulary
 
@@ -64,11 +64,11 @@ def init_block_draft(
 
 def block_loss(draft: DFlashDraftModel, aux: torch.Tensor, tokens: torch.Tensor, first: int) -> torch.Tensor:
     """Mean cross-entropy of every block anchored at ``first .. T-2`` of one sequence against its next tokens.
-    Each slot's previous token (what DSpark's Markov head reads; DFlash ignores it) is the data token before its
-    target: teacher forcing, as the trainer does."""
+    Each slot's previous token (what DSpark's Markov head and DFlash2's selector read; DFlash ignores it) is the
+    data token before its target: teacher forcing, as the trainer does. A DFlash2 draft adds its selector's loss."""
     length, block = len(tokens), draft.config.block_size
-    anchors = torch.arange(first, length - 1)
-    positions = torch.arange(length)
+    anchors = torch.arange(first, length - 1, device=tokens.device)  # the data's device (gpu_check: the GPU)
+    positions = torch.arange(length, device=tokens.device)
     context = draft.project_context(aux[None])
     kv = draft.context_kv(context, positions[None])
     ids, block_positions = draft.block_inputs(tokens[anchors], anchors)
@@ -83,15 +83,28 @@ def block_loss(draft: DFlashDraftModel, aux: torch.Tensor, tokens: torch.Tensor,
         context_k, context_v = (t.expand(count, -1, -1, -1) for t in kv[layer])
         return block_attention(q, k, v, context_k, context_v, visible, draft.config.block_causal)
 
-    previous = tokens[(block_positions - 1).clamp(0, length - 1)]
-    logits = draft(ids, block_positions, attend, previous)[:, 1:]  # slot s predicts the token at a + s
+    previous = tokens[(block_positions - 1).clamp(0, length - 1)][:, 1:]
+    hidden = draft.block_hidden(ids, block_positions, attend)[:, 1:]  # slot s predicts the token at a + s
+    logits = draft.slot_logits(hidden, previous)
     target_positions = block_positions[:, 1:]
     inside = target_positions < length
     targets = tokens[target_positions.clamp(max=length - 1)]
     in_vocab = draft.t2d[targets]
     draft_ids = torch.cumsum(draft.t2d.long(), 0)[targets] - 1  # verifier id → draft id (t2d is sorted)
     keep = inside & in_vocab
-    return nn.functional.cross_entropy(logits[keep], draft_ids[keep])
+    loss = nn.functional.cross_entropy(logits[keep], draft_ids[keep])
+    if hasattr(
+        draft, "selector_terms"
+    ):  # DFlash2: its selector's K-way loss beside the unary one, as trained
+        loss = loss + draft.selector_terms(logits, hidden, previous, targets)["selector_ce"][keep].mean()
+    if hasattr(
+        draft, "lattice_terms"
+    ):  # LiLiCorr: its head's transition loss, anchored on the last context feature
+        full = inside.all(-1)  # a block whose every slot has a target (the head scores the block as a whole)
+        anchor = context[0, anchors - 1]
+        ce = draft.lattice_terms(logits[full], hidden[full], anchor[full], targets[full])["lattice_ce"]
+        loss = loss + ce.mean()
+    return loss
 
 
 def fit_block_draft(

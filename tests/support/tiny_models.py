@@ -34,8 +34,8 @@ def tiny_model(vocab_size: int = 512, seed: int = 0, arch: str = "llama", **over
 
 def random_draft(verifier, draft_vocab_size: int | None = None, seed: int = 1, target_ids=None):
     """A random EAGLE-3 draft for ``verifier`` (optionally with a reduced vocabulary mapped to ``target_ids``)."""
-    from speculators.format.config import Eagle3Config
-    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.algorithms.eagle3.config import Eagle3Config
+    from speculators.algorithms.eagle3.model import Eagle3DraftModel
 
     torch.manual_seed(seed)
     config = Eagle3Config.from_verifier(

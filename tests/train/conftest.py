@@ -56,9 +56,15 @@ def greedy_samples(model, count: int, seed: int) -> list[dict]:
 
 
 def write_features(
-    data_dir: Path, verifier_dir: Path, train_count: int, heldout_same: bool, seed: int
+    data_dir: Path,
+    verifier_dir: Path,
+    train_count: int,
+    heldout_same: bool,
+    seed: int,
+    aux_layer_ids: list[int] | None = None,
 ) -> Path:
-    """Capture features with data_gen's FeatureCapture and write train/ heldout/ + token counts with its store."""
+    """Capture features with data_gen's FeatureCapture and write train/ heldout/ + token counts with its store
+    (``aux_layer_ids``: the recipe's, None for the default ids)."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
@@ -66,7 +72,7 @@ def write_features(
     from data_gen.store import TOKEN_COUNTS_NAME, Sample, finalize_split, write_shard
 
     model = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
-    capture = FeatureCapture(model, None)
+    capture = FeatureCapture(model, aux_layer_ids)
     train = greedy_samples(model, train_count, seed)
     heldout = train if heldout_same else greedy_samples(model, 4, seed + 1)
     header = {
@@ -76,7 +82,7 @@ def write_features(
         "hidden_size": capture.hidden_size,
         "vocab_size": VOCAB,
         "storage_dtype": "bfloat16",
-        "verifier": {"name_or_path": str(verifier_dir), "architectures": ["LlamaForCausalLM"]},
+        "verifier": {"name_or_path": str(verifier_dir), "architectures": list(model.config.architectures)},
         "tokenizer": {},
     }
     counts = torch.zeros(VOCAB, dtype=torch.int64)

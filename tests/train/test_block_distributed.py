@@ -21,7 +21,7 @@ def block_overrides(recipe: str, verifier: Path, data: Path, run_dir: Path, *ext
 
 def test_dflash_zero3_two_processes_equal_one(sharp_verifier, tiny_data, tmp_path):
     """Every valid anchor is used (max_anchors above the count): the same blocks whatever the process layout."""
-    everything = "train.max_anchors=100000"
+    everything = "block.max_anchors=100000"
     one = tmp_path / "one"
     train(
         compose(

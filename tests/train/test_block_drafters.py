@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from speculators import algorithms
-from speculators.format.dflash_config import DFlashConfig
-from speculators.models.dflash import DFlashDraftModel
+from speculators.algorithms.dflash.config import DFlashConfig
+from speculators.algorithms.dflash.model import DFlashDraftModel
 from speculators.runs import read_best, resolve_draft_dir
 from tests.train.conftest import compose, tiny_overrides
-from train.objectives.anchor_blocks import AnchorBlockDraft, dpace_weights, sample_anchors
+from train.objectives.dflash import AnchorBlockDraft, dpace_weights, sample_anchors
 from train.trainer import train
 
 
@@ -121,8 +122,8 @@ def test_attention_memory_is_linear_in_anchors(tiny_llama_dir):
 def test_training_attention_equals_the_engine_rule():
     """The training path (one row's context shared, exact two-part softmax, checkpointed) gives the engine's
     attention (:func:`block_attention`, SDPA over the gathered context ++ block) on the same inputs, causal or not."""
-    from speculators.models.dflash import block_attention
-    from train.objectives.anchor_blocks import anchored_attention
+    from speculators.algorithms.dflash.model import block_attention
+    from train.objectives.dflash import anchored_attention
 
     torch.manual_seed(0)
     anchors, heads, kv_heads, slots, dim, length = 5, 4, 2, 4, 8, 12
@@ -215,3 +216,108 @@ def test_a_resumed_budgeted_run_keeps_its_schedule_and_spends_only_the_rest(
             shutil.copy(whole / name, legacy / name)
     estimated = train(budgeted(legacy), legacy)
     assert 0.75 * result["step"] <= estimated["step"] <= 1.3 * result["step"]
+
+
+def test_dflash2_trains_its_convolutions_and_selector(sharp_verifier, tiny_data, tmp_path):
+    """tiny_dflash2: the draft learns blocks, its convolutions leave the identity and its selector learns; the
+    unary head stays the verifier's (frozen, as speculators 0.9.0 rebuilds it) and the checkpoint is a valid
+    DFlash2 directory with 0.9.0's keys."""
+    from safetensors.torch import load_file
+
+    from speculators.algorithms.dflash2.model import DFlash2DraftModel
+
+    run_dir = tmp_path / "dflash2"
+    overrides = tiny_overrides(
+        sharp_verifier, tiny_data, run_dir, "train.epochs=20", "train.micro_batch_size=8"
+    )
+    overrides[0] = "recipe=tiny_dflash2"
+    overrides += ["optim.lr=5e-3"]
+    train(compose(overrides), run_dir)
+    best = read_best(run_dir)
+    assert best["acceptance_length"] > 1.8, best
+    draft_dir = resolve_draft_dir(run_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    unit = algorithms.of_config(config)
+    assert unit.name == "dflash2" and not list(unit.config_rules(config))
+    assert config["draft_vocab_size"] == config["transformer_layer_config"]["vocab_size"]
+    assert (config["selector_rank"], config["selector_top_k"]) == (16, 4)
+    assert (config["conv_kernel_size"], config["conv_group_size"]) == (2, 16)
+    assert config["sliding_window_non_causal"] is True
+    model = algorithms.load_draft(draft_dir)
+    assert isinstance(model, DFlash2DraftModel)
+    state = model.state_dict()
+    shapes = unit.expected_shapes(config)
+    assert {n: tuple(t.shape) for n, t in state.items() if n not in ("d2t", "t2d")} == shapes
+    conv = model.layers[0].attention_conv
+    assert conv.kernel_projection.weight.abs().sum() > 0  # trained away from the identity start
+    fresh = DFlash2DraftModel(model.config)
+    assert not torch.equal(
+        fresh.candidate_selector.hidden_projection.weight,
+        state["candidate_selector.hidden_projection.weight"],
+    )
+    verifier = load_file(str(next(sharp_verifier.glob("*.safetensors"))))
+    head = verifier.get("lm_head.weight", verifier.get("model.embed_tokens.weight"))
+    torch.testing.assert_close(state["lm_head.weight"], head.float(), rtol=0, atol=0)
+
+
+def test_dflash2_refuses_a_reduced_vocabulary(sharp_verifier, tiny_data, tmp_path):
+    from train.settings import SettingsError
+
+    overrides = tiny_overrides(sharp_verifier, tiny_data, tmp_path / "run")
+    overrides[0] = "recipe=tiny_dflash2"
+    with pytest.raises(SettingsError, match="requires the full verifier vocabulary"):
+        train(compose([*overrides, "model.draft_vocab_size=128"]), tmp_path / "run")
+
+
+def test_lilicorr_trains_its_lattice_head(sharp_verifier, tiny_data, tmp_path):
+    """tiny_lilicorr: the draft learns blocks, its acceptance counted on the head's walk (its teacher-forced picks
+    among each slot's top 4: an untrained head picks among them at random); the candidate head stays the
+    verifier's (frozen, as vLLM draws candidates from the target's) and the checkpoint is a valid LiLiCorr
+    directory whose ``dflash_config`` (what vLLM reads) carries every head key of the recipe."""
+    from safetensors.torch import load_file
+
+    from speculators.algorithms.lilicorr.config import HEAD_KEYS
+    from speculators.algorithms.lilicorr.model import LiLiCorrDraftModel
+
+    run_dir = tmp_path / "lilicorr"
+    overrides = tiny_overrides(
+        sharp_verifier, tiny_data, run_dir, "train.epochs=20", "train.micro_batch_size=8"
+    )
+    overrides[0] = "recipe=tiny_lilicorr"
+    overrides += ["optim.lr=5e-3"]
+    train(compose(overrides), run_dir)
+    best = read_best(run_dir)
+    assert best["acceptance_length"] > 1.8, best
+    draft_dir = resolve_draft_dir(run_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    unit = algorithms.of_config(config)
+    assert unit.name == "lilicorr" and not list(unit.config_rules(config))
+    assert config["architectures"] == ["LiLiCorrDraftModel"]
+    assert config["draft_vocab_size"] == config["transformer_layer_config"]["vocab_size"]
+    block = config["dflash_config"]
+    assert block["lilicorr_enabled"] is True and block["block_size"] == 4
+    assert {key: block[key] for key in HEAD_KEYS} == {key: config[key] for key in HEAD_KEYS}
+    assert (
+        block["lilicorr_hidden_size"],
+        block["lilicorr_candidate_topk"],
+        block["lilicorr_num_layers"],
+    ) == (32, 4, 1)
+    assert block["target_layer_ids"] == [i - 1 for i in config["aux_hidden_state_layer_ids"]]
+    model = algorithms.load_draft(draft_dir)
+    assert isinstance(model, LiLiCorrDraftModel)
+    state = model.state_dict()
+    assert {n: tuple(t.shape) for n, t in state.items() if n not in ("d2t", "t2d")} == unit.expected_shapes(
+        config
+    )
+    verifier = load_file(str(next(sharp_verifier.glob("*.safetensors"))))
+    head = verifier.get("lm_head.weight", verifier.get("model.embed_tokens.weight"))
+    torch.testing.assert_close(state["lm_head.weight"], head.float(), rtol=0, atol=0)
+
+
+def test_lilicorr_refuses_a_reduced_vocabulary(sharp_verifier, tiny_data, tmp_path):
+    from train.settings import SettingsError
+
+    overrides = tiny_overrides(sharp_verifier, tiny_data, tmp_path / "run")
+    overrides[0] = "recipe=tiny_lilicorr"
+    with pytest.raises(SettingsError, match="requires the full verifier vocabulary"):
+        train(compose([*overrides, "model.draft_vocab_size=128"]), tmp_path / "run")

@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
 
-from speculators.format.dflash_config import DFlashConfig
-from speculators.models.dflash import DFlashDraftModel
+from speculators.algorithms.dflash.config import DFlashConfig
+from speculators.algorithms.dflash.model import DFlashDraftModel
 from tests.train.conftest import compose, tiny_overrides
 from train.anchor_attention import BLOCK, anchor_mask_mod, flex_held_bytes, padded
-from train.objectives.anchor_blocks import AnchorBlockDraft, context_visible, sample_anchors
+from train.objectives.dflash import AnchorBlockDraft, context_visible, sample_anchors
 
 SLOTS = 4
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -197,7 +197,7 @@ def test_the_dflash_8b_plan_counts_flex_linear_in_anchors():
     from tests.train.test_memory_plan import resolved
     from train.memory_plan import plan_memory
 
-    plans = {n: plan_memory(resolved("dflash_qwen3_8b", f"train.max_anchors={n}")) for n in (128, 256, 512)}
+    plans = {n: plan_memory(resolved("dflash_qwen3_8b", f"block.max_anchors={n}")) for n in (128, 256, 512)}
     chunked = plan_memory(resolved("dflash_qwen3_8b", "train.attention_backend=chunked"))
     flex = plans[512]["flex_block_attention_bytes"]
     assert chunked["flex_block_attention_bytes"] == {} and flex["anchors"] > 0

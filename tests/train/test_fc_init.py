@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speculators.format.config import Eagle3Config
-from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from tests.train.conftest import compose, tiny_overrides
 from train.assemble import scale_fc_by_feature_rms
 from train.trainer import Trainer, reset_distributed

@@ -26,6 +26,12 @@ VERIFIERS = {
          "num_key_value_heads": 4, "head_dim": 128},
         (30.4, 30.6),  # 30.5B total, 3.3B active
     ),
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": (
+        {"num_hidden_layers": 48, "hidden_size": 2048, "vocab_size": 151936, "num_experts": 512,
+         "num_experts_per_tok": 10, "moe_intermediate_size": 512, "num_attention_heads": 16,
+         "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4, "mtp_num_hidden_layers": 1},
+        (79.5, 79.8),  # 79.7B without its MTP layer (1.65B, the mtp recipe's trainable part): 81.3B on the hub
+    ),
     "meta-llama/Llama-3.1-70B-Instruct": (
         {"num_hidden_layers": 80, "hidden_size": 8192, "vocab_size": 128256, "intermediate_size": 28672,
          "num_attention_heads": 64, "num_key_value_heads": 8},
@@ -36,8 +42,12 @@ GPU_RECIPES = {
     "eagle3_gpt_oss_20b": "openai/gpt-oss-20b",
     "eagle3_qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",
     "dflash_qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",
+    "dflash2_qwen3_8b": "Qwen/Qwen3-8B",
+    "lilicorr_qwen3_8b": "Qwen/Qwen3-8B",
     "eagle3_llama70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "mtp_qwen3_next_80b": "Qwen/Qwen3-Next-80B-A3B-Instruct",
     "eagle3_llama8b_32k": "meta-llama/Llama-3.1-8B-Instruct",
+    "eagle31_llama8b": "meta-llama/Llama-3.1-8B-Instruct",
 }
 
 
@@ -85,6 +95,15 @@ def test_gpu_recipe_plan_fits_the_hardware_it_names(plans, recipe):
     assert LAYOUTS.index(layout) >= LAYOUTS.index(verdict["least_sharding_that_fits"])
 
 
+def test_the_eagle31_plan_is_eagle3s_draft_plus_its_input_norm(plans):
+    """EAGLE-3.1's plan is of the draft the trainer builds for train.algorithm=eagle31: eagle3_llama8b's plus the
+    RMSNorm over the three concatenated 4096-wide aux states (the only parameters norm_before_fc adds)."""
+    eagle3, eagle31 = recipe_plan("eagle3_llama8b"), plans["eagle31_llama8b"]
+    assert eagle31["algorithm"] == "eagle31" and eagle3["algorithm"] == "eagle3"
+    assert eagle31["params_trainable"] - eagle3["params_trainable"] == 3 * 4096
+    assert eagle31["params_frozen"] == eagle3["params_frozen"]
+
+
 def test_a_smaller_gpu_changes_the_verdict(plans):
     """The control: the same plan judged for a 24 GiB GPU does not fit under the recipe's layout."""
     plan = plans["eagle3_gpt_oss_20b"]
@@ -106,6 +125,14 @@ def test_moe_verifiers_cost_the_trainer_only_their_embedding_and_head_offline(pl
         assert parts["verifier"] == 0
         shape = VERIFIERS[GPU_RECIPES[recipe]][0]
         assert parts["draft_embedding"] == shape["vocab_size"] * shape["hidden_size"]
+
+
+def test_mtp_plan_trains_the_verifiers_own_mtp_layer(plans):
+    """Qwen3-Next's MTP layer is one full-attention decoder layer with the verifier's 512-expert MoE block: its
+    1.65B parameters are what trains; offline the verifier's stack is never held."""
+    plan = plans["mtp_qwen3_next_80b"]
+    assert 1.6e9 < plan["params_trainable"] < 1.7e9
+    assert plan["params_frozen_parts"]["verifier"] == 0
 
 
 def test_llama70b_plan_says_which_layout_it_needs(plans):

@@ -1,4 +1,4 @@
-"""HASS's harmonized context alignment: with ``train.hass.detach_context`` the second TTT step's loss sends no
+"""HASS's harmonized context alignment: with ``hass.detach_context`` the second TTT step's loss sends no
 gradient back through the first step's output features (the draft is trained on its own features as inference
 will feed them, not taught to change them); without it the gradient flows. Checked on the unroll itself and on
 the model the trainer builds from the recipe."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speculators.format import Eagle3Config
-from speculators.models import Eagle3DraftModel
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from tests.support.verifiers import tiny_verifier_config
 from tests.train.conftest import compose, tiny_overrides
 from train.trainer import Trainer, reset_distributed
@@ -66,7 +66,7 @@ def test_detached_context_stops_the_gradient_through_the_previous_step(detach):
     "recipe,extra,detached",
     [
         ("tiny_hass", [], True),
-        ("tiny_hass", ["train.hass.detach_context=false"], False),
+        ("tiny_hass", ["hass.detach_context=false"], False),
         ("tiny_eagle3", [], False),
     ],
 )

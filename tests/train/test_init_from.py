@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from speculators.format.config import Eagle3Config
-from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.vocab import build_draft_vocab
 from tests.support.verifiers import tiny_verifier_config
 from train.assemble import init_from_checkpoint
@@ -72,8 +72,8 @@ def test_the_same_vocab_loads_the_first_stage_weights(first_stage):
 def test_an_eagle3_draft_with_other_aux_layers_is_refused_naming_the_tensor(first_stage):
     """P-EAGLE reading three aux layers cannot start from an EAGLE-3 draft that read two: one error names the
     weight file, the tensor and the fix, before anything is loaded."""
-    from speculators.format.config import PEagleConfig
-    from speculators.models.peagle import PEagleDraftModel
+    from speculators.algorithms.peagle.config import PEagleConfig
+    from speculators.algorithms.peagle.model import PEagleDraftModel
 
     vocab = vocab_for(TOKENIZER)
     two_aux = Eagle3Config.from_verifier(
@@ -112,7 +112,7 @@ def eagle3_run(sharp_verifier, tiny_data, tmp_path_factory) -> Path:
 def test_peagle_starts_from_an_eagle3_run(eagle3_run, sharp_verifier, tiny_data, tmp_path, capsys):
     """Every tensor P-EAGLE shares with the EAGLE-3 run is the run's at step 0; mask_hidden, P-EAGLE's own, is
     what a fresh P-EAGLE run starts with; the run says which were loaded and which were new."""
-    from speculators.models.peagle import PEagleDraftModel
+    from speculators.algorithms.peagle.model import PEagleDraftModel
     from speculators.runs import INIT_FROM_NAME, resolve_draft_dir
     from tests.train.conftest import compose, tiny_overrides
     from train.trainer import Trainer

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from speculators.format.config import Eagle3Config
-from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from tests.support.verifiers import build_tiny_verifier, tiny_verifier_config
 from tests.train.conftest import compose, tiny_overrides
 from train.assemble import warm_start_from_verifier

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speculators.format.config import Eagle3Config
-from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from tests.support.memory import peak_memory_of
 from tests.support.plans import recipe_plan, resolved_recipe
 from tests.support.verifiers import tiny_verifier_config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
@@ -12,8 +13,8 @@ from train.losses import (
     step_masks,
     step_terms,
     step_weights,
-    topk_distillation,
 )
+from train.objectives.eagle3 import topk_distillation
 
 
 def test_step_weights():
@@ -51,7 +52,7 @@ def test_step_terms_match_hand_computation():
     loss = torch.ones(batch, length, dtype=torch.bool)
     masks = step_masks(loss, doc, verifier.argmax(-1), steps=2)
     step = 1
-    terms = step_terms(draft, verifier, masks, step, topk=k)
+    terms = step_terms(draft, verifier, masks, step, partial(topk_distillation, k=k))
     ce_ref, top_ref, correct = 0.0, 0.0, 0
     for t in range(length):
         if not masks.trained[step, 0, t]:

@@ -29,9 +29,17 @@ def resolved(recipe: str, *overrides: str) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+# the tiny verifier a tiny recipe's algorithm needs: the tiny Llama, or one that ships an MTP layer for MTP
+TINY_VERIFIERS = {"mtp": "tiny_qwen3_next_dir"}
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_every_recipe_plans_offline(recipe, tiny_llama_dir):
-    overrides = [f"verifier.name_or_path={tiny_llama_dir}"] if recipe.startswith("tiny") else []
+def test_every_recipe_plans_offline(recipe, request):
+    overrides = []
+    if recipe.startswith("tiny"):
+        algorithm = resolved(recipe, "verifier.name_or_path=/nowhere")["train"]["algorithm"]
+        verifier = request.getfixturevalue(TINY_VERIFIERS.get(algorithm, "tiny_llama_dir"))
+        overrides = [f"verifier.name_or_path={verifier}"]
     plan = recipe_plan(recipe, *overrides)  # shared with the GPU recipes' tests (tests/support/plans.py)
     assert all(key in plan for key in KEYS)
     assert plan["params_trainable"] > 0 and plan["params_frozen"] > 0 and plan["activation_peak_bytes"] > 0
@@ -70,7 +78,7 @@ def test_online_mode_counts_the_verifier_as_frozen():
     assert online["params_frozen"] == offline["params_frozen"] + online["params_frozen_parts"]["verifier"]
 
 
-@pytest.mark.parametrize("recipe", ["tiny_eagle3", "tiny_dflash", "tiny_dspark"])
+@pytest.mark.parametrize("recipe", ["tiny_eagle3", "tiny_dflash", "tiny_dspark", "tiny_dflash2"])
 def test_meta_count_matches_a_real_step_on_cpu(tiny_llama_dir, recipe):
     """The same step on real CPU tensors (full rows, every token a loss token, draft vocab = full vocab so every
     target is trained): the planner's worst-case count must be within 10% of the real peak (it differs only by the

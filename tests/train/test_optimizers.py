@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from speculators.format.config import Eagle3Config
-from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.algorithms.eagle3.config import Eagle3Config
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from tests.train.conftest import compose, tiny_overrides
 from train.objectives import train_settings
 from train.optimizers import BUILDERS, MuonWithAdamW, make_optimizer

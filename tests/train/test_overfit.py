@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from speculators.algorithms.eagle3.model import Eagle3DraftModel
 from speculators.format.validate import errors, validate_checkpoint
-from speculators.models.eagle3 import Eagle3DraftModel
 from speculators.runs import list_checkpoints, read_best, resolve_draft_dir
 from tests.train.conftest import compose, tiny_overrides
 from train.trainer import train

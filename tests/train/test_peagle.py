@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from speculators import algorithms
-from speculators.format.config import PEagleConfig
+from speculators.algorithms.peagle.config import PEagleConfig
+from speculators.algorithms.peagle.model import PEagleDraftModel
 from speculators.format.validate import errors, validate_checkpoint
 from speculators.models.layers import causal_attend
-from speculators.models.peagle import PEagleDraftModel
 from speculators.runs import read_best, resolve_draft_dir
 from tests.conftest import require_consumer
 from tests.train.conftest import compose, tiny_overrides
 from train.losses import shift_left
-from train.objectives.parallel_eagle import ParallelDraft, cod_depth_size, sample_cod
+from train.objectives.peagle import ParallelDraft, cod_depth_size, sample_cod
 from train.trainer import train
 
 DEPTHS = 3

@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import load_file
 
 import train.ttt_attention as ttt_attention
-from speculators.format.config import PEagleConfig
-from speculators.models.peagle import PEagleDraftModel
+from speculators.algorithms.peagle.config import PEagleConfig
+from speculators.algorithms.peagle.model import PEagleDraftModel
 from tests.train.conftest import compose, tiny_overrides
 from train.data import MicroBatch
 from train.objectives import Plan, objective_for, train_settings
-from train.objectives.parallel_eagle import ParallelDraft, chain_elements
+from train.objectives.peagle import ParallelDraft, chain_elements
 from train.step_stats import StepStats
 from train.targets import TargetHead
 from train.trainer import train
@@ -33,7 +33,7 @@ def setting(tiny_llama_dir):
         "recipe=tiny_peagle",
         f"verifier.name_or_path={tiny_llama_dir}",
         f"train.ttt_steps={DEPTHS}",
-        "train.max_anchors=12",
+        "peagle.max_anchors=12",
         "logging=disabled",
     ]
     objective = objective_for(train_settings(compose(overrides)))

@@ -3,6 +3,7 @@ accelerator starts) with a message naming its key."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO_ROOT
 from tests.train.conftest import compose
-from train.objectives import objective_for, train_settings
+from train.objectives import algorithms, objective_class, objective_for, train_settings
 from train.settings import ATTENTION_BACKENDS, SettingsError
 
 RECIPES = sorted(path.stem for path in (REPO_ROOT / "recipes" / "recipe").glob("*.yaml"))
@@ -32,10 +33,15 @@ def test_every_recipe_builds_its_settings(recipe):
     assert settings.optim.lr == pytest.approx(float(resolved["optim"]["lr"]))
     assert settings.eval.k == resolved["eval"]["k"]
     assert settings.deepspeed.config == resolved["deepspeed"]["config"]
-    assert objective_for(settings).topk_weight == (
-        resolved["train"]["hass"]["topk_weight"] if resolved["train"]["algorithm"] == "hass" else 0.0
-    )
+    assert objective_for(settings).topk_weight == (resolved.get("hass") or {}).get("topk_weight", 0.0)
     assert settings.resolved == resolved and settings.data == resolved["data"]
+    # the algorithm's own groups, exactly as the recipe has them, and none of another algorithm's
+    declared = objective_class(settings.train.algorithm).groups
+    assert set(settings.objective) == set(declared)
+    for key, group in settings.objective.items():
+        assert type(group) is declared[key] and dataclasses.asdict(group) == resolved[key], key
+    foreign = {key for name in algorithms() for key in objective_class(name).groups} - set(declared)
+    assert not foreign & set(resolved), foreign & set(resolved)
 
 
 @pytest.mark.parametrize(
@@ -47,7 +53,7 @@ def test_every_recipe_builds_its_settings(recipe):
         ("train.attention_backend=flash", "train.attention_backend='flash'"),
         (
             "train.algorithm=medusa",
-            "train.algorithm='medusa': use one of dflash, dspark, eagle3, hass, peagle",
+            "train.algorithm='medusa': use one of dflash, ",  # the registry's names, sorted
         ),
         ("train.data_mode=streaming", "train.data_mode='streaming'"),
         ("train.dtype=fp16", "fp16 needs loss scaling"),
@@ -64,13 +70,121 @@ def test_every_recipe_builds_its_settings(recipe):
         ("eval.max_samples=0", "eval.max_samples=0"),
         ("+train.ttt_step=5", "train: unknown key(s) ['ttt_step']"),
         ("deepspeed.enabled=true", "deepspeed.config.zero_optimization.stage"),
-        ("model.draft_vocab_size=3", "train.hass.topk=4 exceeds model.draft_vocab_size=3"),  # tiny_hass: K=4
+        ("model.draft_vocab_size=3", "hass.topk=4 exceeds model.draft_vocab_size=3"),  # tiny_hass: K=4
+        ("hass.topk=0", "hass.topk=0: must be at least 1"),
+        ("hass.topk_weight=-1", "hass.topk_weight=-1.0: must be at least 0"),
+        ("+hass.top_k=3", "hass: unknown key(s) ['top_k']"),
+        ("hass.detach_context=1", "hass.detach_context=1: expected true or false"),
     ],
 )
 def test_a_bad_value_fails_at_settings_time_naming_its_key(override, key):
     with pytest.raises(SettingsError) as error:
         train_settings(compose(recipe_overrides("tiny_hass", override)))
     assert key in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "extra", "flags"),
+    [
+        ("tiny_eagle3", (), (False, False)),
+        ("tiny_eagle31", (), (True, True)),
+        ("tiny_eagle3", ("train.algorithm=eagle31",), (True, True)),
+        ("tiny_eagle3", ("model.norm_before_fc=true",), (True, False)),
+        ("tiny_hass", (), (False, False)),
+    ],
+)
+def test_the_norm_flags_are_the_recipes_else_what_the_algorithm_declares(recipe, extra, flags):
+    """EAGLE-3.1 (train.algorithm=eagle31) builds EAGLE-3's draft with norm_before_fc and norm_output on, as its
+    unit variant declares; model.norm_* left null follow the algorithm, a set one is the recipe's."""
+    from train.assemble import recipe_draft_config
+
+    settings = train_settings(compose(recipe_overrides(recipe, *extra)))
+    verifier = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8}
+    verifier |= {"num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 512, "rms_norm_eps": 1e-5}
+    config = recipe_draft_config(settings, verifier, [2, 4, 5], 256, "tiny")
+    assert (config.norm_before_fc, config.norm_output) == flags
+
+
+@pytest.mark.parametrize(
+    ("recipe", "override", "key"),
+    [
+        ("tiny_dflash", "block.block_size=1", "block.block_size=1: must be at least 2"),
+        ("tiny_dflash", "block.max_anchors=0", "block.max_anchors=0: must be at least 1"),
+        ("tiny_dflash", "block.position_weighting=linear", "block.position_weighting='linear'"),
+        ("tiny_dflash", "block.dpace_alpha=0", "block.dpace_alpha=0.0 in (0, 1]"),
+        ("tiny_dflash", "block.block_causal=maybe", "block.block_causal='maybe': expected true or false"),
+        ("tiny_dspark", "dspark.markov_rank=0", "dspark.markov_rank=0: must be at least 1"),
+        ("tiny_dflash2", "dflash2.selector_top_k=0", "dflash2.selector_top_k=0: must be at least 1"),
+        ("tiny_dflash2", "dflash2.selector_weight=-0.5", "dflash2.selector_weight=-0.5: must be at least 0"),
+        ("tiny_peagle", "peagle.max_anchors=0", "peagle.max_anchors=0: must be at least 1"),
+    ],
+)
+def test_an_objective_groups_bad_value_names_its_full_key(recipe, override, key):
+    with pytest.raises(SettingsError) as error:
+        train_settings(compose(recipe_overrides(recipe, override)))
+    assert key in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "override", "message"),
+    [
+        (
+            "tiny_eagle3",
+            "+block.block_size=4",
+            "block: train.algorithm=eagle3 does not read the block group, so block.block_size would be ignored "
+            "(read by dflash, dflash2, dspark, lilicorr)",
+        ),
+        (
+            "tiny_dflash",
+            "+hass.topk=4",
+            "hass: train.algorithm=dflash does not read the hass group, so hass.topk would be ignored (read by hass)",
+        ),
+        (
+            "tiny_dflash",
+            "+dspark.markov_rank=8",
+            "dspark: train.algorithm=dflash does not read the dspark group",
+        ),
+        (
+            "tiny_dspark",
+            "train.algorithm=dflash",
+            "dspark: train.algorithm=dflash does not read the dspark group",
+        ),
+        (
+            "tiny_dflash",
+            "+model.block_causal=false",
+            "model: unknown key(s) ['block_causal']",
+        ),  # moved to block
+        ("tiny_dflash", "+train.anchor_chunk=4", "train: unknown key(s) ['anchor_chunk']"),
+    ],
+)
+def test_a_group_or_key_the_algorithm_does_not_read_is_refused_naming_it(recipe, override, message):
+    """A block drafter's knob in an EAGLE-3 recipe would otherwise be silently ignored."""
+    with pytest.raises(SettingsError) as error:
+        train_settings(compose(recipe_overrides(recipe, override)))
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("algorithm", algorithms())
+def test_every_objective_group_builds_from_its_recipe_defaults(algorithm):
+    """Each declared group's recipes/<group>/default.yaml builds the group (no unknown key, no problem) and equals
+    the dataclass's defaults, which a partial plain dict falls back to."""
+    base = {
+        "train": {"algorithm": algorithm},
+        "model": {"draft_vocab_size": None},
+    }  # what every algorithm takes
+    for key, group in objective_class(algorithm).groups.items():
+        shipped = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "recipes" / key / "default.yaml"))
+        built = train_settings({**base, key: shipped}).group(key)
+        assert built == group() == train_settings(base).group(key), key
+
+
+def test_eagle31_with_a_norm_flag_off_is_refused_naming_both():
+    with pytest.raises(SettingsError) as error:
+        train_settings(compose(recipe_overrides("tiny_eagle31", "model.norm_output=false")))
+    assert (
+        "model.norm_output=false with train.algorithm=eagle31: EAGLE-3.1 is EAGLE-3 with norm_output=true"
+        in str(error.value)
+    )
 
 
 def test_every_problem_is_listed_at_once():

@@ -112,8 +112,8 @@ def test_chunked_memory_grows_linearly_dense_quadratically():
 
 
 def tiny_draft(num_layers: int = 2):
-    from speculators.format.config import Eagle3Config
-    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.algorithms.eagle3.config import Eagle3Config
+    from speculators.algorithms.eagle3.model import Eagle3DraftModel
     from tests.support.verifiers import tiny_verifier_config
 
     verifier = tiny_verifier_config("llama", vocab_size=128).to_dict()

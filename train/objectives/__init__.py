@@ -14,6 +14,7 @@ objective is a new module, not edits across the trainer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -52,6 +53,10 @@ class Objective:
     """Interface of a training objective (see the module docstring)."""
 
     algorithms: ClassVar[tuple[str, ...]] = ()
+    # the recipe groups this objective reads beside the shared ones: top-level key → the frozen dataclass built
+    # from it (train.settings.ObjectiveGroup), read through ``settings.group(key)``; a variant may extend its
+    # base's dataclass under the same key. A group another objective reads is refused in this one's recipes.
+    groups: ClassVar[Mapping[str, type]] = {}
     # whether its draft layers can attend through a sliding window (model.sliding_window)
     sliding_window_layers: ClassVar[bool] = False
 
@@ -168,6 +173,16 @@ def objective_for(settings: TrainSettings) -> Objective:
 
 class ObjectiveRules(AlgorithmRules):
     """The settings' :class:`~train.settings.AlgorithmRules` answered by the objective ``train.algorithm`` names."""
+
+    def groups(self, algorithm: str) -> Mapping[str, type] | None:
+        return objective_class(algorithm).groups if algorithm in algorithms() else None
+
+    def readers(self) -> Mapping[str, tuple[str, ...]]:
+        found: dict[str, tuple[str, ...]] = {}
+        for algorithm in algorithms():
+            for key in objective_class(algorithm).groups:
+                found[key] = (*found.get(key, ()), algorithm)
+        return found
 
     def resolved(self, settings: TrainSettings) -> TrainSettings:
         if settings.eval.k is not None or settings.train.algorithm not in algorithms():
