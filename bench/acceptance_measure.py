@@ -265,3 +265,101 @@ def engine_sampled(
             "load": window.report(),
         }
     return out
+
+
+# ---- per domain: the standard suites, through the code `speculators eval --suite` runs -------------------------
+SUITES = ("mtbench", "humaneval", "gsm8k")
+
+
+def suite_k(ks: list[int]) -> int:
+    """The k a lane is measured at per suite: 3 (the bench's headline k) when the lane runs it, else its largest
+    (a block draft's own K)."""
+    return 3 if 3 in ks else max(ks)
+
+
+def suite_settings(per_suite: int, max_tokens: int, max_prompt_tokens: int, **extra: Any) -> Any:
+    """The evaluation settings of every per-suite measurement: the same prompts for every lane."""
+    from speculators.eval.evaluation import EvalSettings
+
+    return EvalSettings(
+        suites=list(SUITES),
+        max_prompts_per_suite=per_suite,
+        max_prompt_tokens=max_prompt_tokens,
+        max_new_tokens=max_tokens,
+        batch_size=4,
+        compare_plain=False,
+        **extra,
+    )
+
+
+def _suite_figures(per_suite: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        suite: {
+            "acceptance_length": figures.get("acceptance_length_global"),
+            "tokens_per_verify_step": figures.get("tokens_per_verify_step"),
+            "requests": figures.get("num_requests"),
+        }
+        for suite, figures in per_suite.items()
+    }
+
+
+def engine_suites(
+    verifier: tuple, drafts: dict[str, Path], ks: dict[str, list[int]], settings: Any
+) -> dict[str, Any]:
+    """Our engine (``speculators.eval.evaluate``, as ``speculators eval --suite mtbench,humaneval,gsm8k``) on the
+    three standard suites: every learnt draft at :func:`suite_k`, per suite from the request table's reports, and
+    the ceiling (the verifier's own greedy continuation as the draft) once at each k used. Acceptance only: the
+    lanes' tokens/s here are not speed figures (batch 4, shared with whatever else runs)."""
+    from dataclasses import replace
+
+    from speculators.eval import evaluation
+
+    out: dict[str, Any] = {"drafters": {}, "oracle": {}, "prompts": None}
+    for name, path in drafts.items():
+        k = suite_k(ks[name])
+        oracle = f"k{k}" not in out["oracle"]
+        result = evaluation.evaluate(
+            path, verifier=verifier, settings=replace(settings, ks=[k], oracle=oracle)
+        )
+        runs = result["reports"]["runs"]
+        out["drafters"][name] = {"k": k, "per_suite": _suite_figures(runs[f"ours/chain-k{k}"]["per_suite"])}
+        if oracle:
+            out["oracle"][f"k{k}"] = _suite_figures(runs[f"oracle/oracle-k{k}"]["per_suite"])
+        out["prompts"] = result["prompts"]["suites"]
+    return out
+
+
+def suite_token_prompts(verifier: tuple, settings: Any) -> tuple[list[str], list[list[int]]]:
+    """The suites' prompts as the evaluation renders them (MT-Bench's second turn after the verifier's own first
+    answer): each prompt's suite and its token ids, for vLLM."""
+    from speculators.decoding import eos_ids
+    from speculators.eval.evaluation import suite_prompts
+
+    model, tokenizer = verifier
+    stop = sorted(set(eos_ids(tokenizer)) | set(eos_ids(model)))
+    labels, _, ids, _ = suite_prompts(model, tokenizer, stop, None, settings)
+    return [label.suite for label in labels], ids
+
+
+def ngram_suites(setup: DecodeSetup, suites: list[str], prompts: list[list[int]], k: int) -> dict[str, Any]:
+    """vLLM's n-gram drafter on each suite's prompts (the same as the lanes'), batched, from its run-level counters
+    (an n-gram request with no match has no per-request counters to read): AL and tokens per verify step."""
+    from speculators.serving import VllmError
+
+    suite_setup = DecodeSetup(**{**setup.__dict__, "prompts": prompts})
+    spec = speculative_config("ngram", None, k)
+    out: dict[str, Any] = {}
+    with _session(suite_setup, f"ngram_suites_k{k}") as session:  # one worker: no engine after an n-gram one
+        for suite in dict.fromkeys(suites):
+            mine = [p for p, s in zip(prompts, suites, strict=True) if s == suite]
+            try:
+                result = session.run(suite_setup.request(f"ngram/{suite}", mine, spec, warmup=False))
+            except VllmError as error:  # recorded; the other suites still run
+                out[suite] = {"error": str(error)[-500:]}
+                continue
+            out[suite] = {
+                "acceptance_length": result.spec.mean_acceptance_length if result.spec else None,
+                "tokens_per_verify_step": tokens_per_verify_step(result),
+                "requests": len(mine),
+            }
+    return {"k": k, "per_suite": out}

@@ -39,9 +39,10 @@ from typing import Any
 import torch
 
 from bench.record import REPO, bullet, num
+from speculators.algorithms.eagle3.drafter import Drafter
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, plain_generate
-from speculators.decoding.drafter import Drafter, Segment
 from speculators.decoding.engine import VerifierRunner
+from speculators.decoding.segment import Segment
 from speculators.eval.prompts import load_prompts, render_prompts
 from speculators.verifier import load_verifier, resolve_verifier_path
 

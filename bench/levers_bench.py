@@ -268,7 +268,7 @@ def draft_step_ms(run_dir: Path, repeats: int) -> float | None:
     import torch
 
     from speculators import runs
-    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.algorithms.eagle3.model import Eagle3DraftModel
 
     checkpoint = runs.latest_checkpoint(run_dir)
     if checkpoint is None:

@@ -1,8 +1,9 @@
 """The peer lane's algorithms: for each draft type the peer's trainer knows, the flags our recipe's settings become,
 what is matched and what not (:mod:`bench.peer_lane` runs the lane).
 
-Algorithms (issue 20): ``--algorithm`` picks a row of :data:`ALGORITHMS`: EAGLE-3, and the parallel drafters
-P-EAGLE and DFlash (the peer's ``--speculator-type peagle|dflash``). All three read the same converted data (the
+Algorithms (issue 20): ``--algorithm`` picks a row of :data:`ALGORITHMS`: EAGLE-3 and EAGLE-3.1 (the peer's eagle3
+with its two norms on), and the parallel drafters P-EAGLE, DFlash and DFlash2 (the peer's ``--speculator-type
+peagle|dflash|dflash2``). All of them read the same converted data (the
 peer's P-EAGLE and DFlash take the 3 aux + last layout below too) and share the data, vocabulary, optimizer and
 schedule flags; each row declares the draft and objective flags its recipe's settings become (draft layers, K
 depths / block size, COD seed or anchor cap, slot weighting, causal blocks, the mask token OUR resolver picks),
@@ -32,6 +33,9 @@ class PeerAlgorithm:
     matched: list[str]
     not_matched: Callable[[dict[str, Any]], list[str]]
     needs_mask_token: bool = False
+    # why the peer's checkpoint goes through our ``speculators convert`` before it is validated and measured ('':
+    # it is taken as the peer wrote it)
+    convert_export: str = ""
     vllm_k: int | None = None  # k vLLM serves the export at; None: the export's own speculative_tokens
 
     def vllm_speculative_config(self, draft: Path) -> dict[str, Any]:
@@ -47,13 +51,14 @@ def _bool_flag(name: str, on: bool) -> str:
 
 
 def llama_layer_flags(draft: dict[str, Any]) -> list[str]:
-    """Our EAGLE-3-shaped layers: llama, full attention, norm before the residual, no extra norms."""
+    """Our EAGLE-3-shaped layers: llama, full attention, norm before the residual; EAGLE-3.1's two norms as the
+    draft sets them (off unless it declares them: the peer's eagle3 defaults them on)."""
     return [
         "--draft-arch", "llama",
         "--full-attention-indices", *map(str, range(draft["num_layers"])),
         _bool_flag("norm-before-residual", draft["norm_before_residual"]),
-        "--no-norm-before-fc",
-        "--no-norm-output",
+        _bool_flag("norm-before-fc", bool(draft.get("norm_before_fc"))),
+        _bool_flag("norm-output", bool(draft.get("norm_output"))),
     ]  # fmt: skip
 
 
@@ -103,6 +108,27 @@ def dflash_flags(draft: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+def dflash2_flags(draft: dict[str, Any]) -> list[str]:
+    """DFlash2: DFlash's flags (layers, block, anchors, slot weights, mask token) plus its convolutions and
+    candidate selector as our recipe sets them (``model.dflash2.*``, ``train.dflash2.selector_weight``)."""
+    return [
+        *dflash_flags(draft),
+        "--conv-kernel-size", str(draft["conv_kernel_size"]),
+        "--conv-group-size", str(draft["conv_group_size"]),
+        "--selector-rank", str(draft["selector_rank"]),
+        "--selector-top-k", str(draft["selector_top_k"]),
+        "--selector-loss-alpha", repr(draft["selector_weight"]),
+    ]  # fmt: skip
+
+
+def dflash2_not_matched(draft: dict[str, Any]) -> list[str]:
+    return [
+        *dflash_not_matched(draft),
+        "selector target: both take the verifier's argmax among the unary top-k; when the top-k misses it ours "
+        "puts it in place of the last candidate (the peer's handling not verified equal)",
+    ]
+
+
 def eagle3_not_matched(draft: dict[str, Any]) -> list[str]:
     return [
         "fc init: peer random; ours fc_init feature_rms (columns scaled by 1/RMS of each feature dim)",
@@ -143,19 +169,40 @@ def dflash_not_matched(draft: dict[str, Any]) -> list[str]:
 
 
 COMMON_DRAFT = {"num_layers": 1}
+EAGLE3_DRAFT = {**COMMON_DRAFT, "ttt_steps": 3, "step_weight_decay": 0.8, "norm_before_residual": True}
+DFLASH_DRAFT = {
+    **COMMON_DRAFT,
+    "block_size": 5,
+    "block_causal": True,
+    "max_anchors": 256,
+    "position_weighting": "exp_decay",
+    "decay_gamma": 4.0,
+    "dpace_alpha": 0.5,
+    "mask_token_id": None,
+    "sliding_window": None,  # None: the verifier's context (max_position_embeddings), as ours
+}
 ALGORITHMS: dict[str, PeerAlgorithm] = {
     "eagle3": PeerAlgorithm(
         speculator_type="eagle3",
         recipe="eagle3_smollm2_large",
-        draft_defaults={
-            **COMMON_DRAFT,
-            "ttt_steps": 3,
-            "step_weight_decay": 0.8,
-            "norm_before_residual": True,
-        },
+        draft_defaults=EAGLE3_DRAFT,
         draft_flags=eagle3_flags,
         matched=[
             "draft: llama decoder layers, full attention, norm_before_residual, no norm_before_fc/norm_output",
+            "TTT steps, step-weight decay (--ttt-step-loss-decay)",
+        ],
+        not_matched=eagle3_not_matched,
+        vllm_k=3,
+    ),
+    # EAGLE-3.1: the peer's eagle3 with both norms on (its own eagle3 default), matched to eagle31_smollm2_large
+    "eagle31": PeerAlgorithm(
+        speculator_type="eagle3",
+        recipe="eagle31_smollm2_large",
+        draft_defaults={**EAGLE3_DRAFT, "norm_before_fc": True, "norm_output": True},
+        draft_flags=eagle3_flags,
+        matched=[
+            "draft: llama decoder layers, full attention, norm_before_residual, norm_before_fc and norm_output on "
+            "(--norm-before-fc --norm-output: EAGLE-3.1)",
             "TTT steps, step-weight decay (--ttt-step-loss-decay)",
         ],
         not_matched=eagle3_not_matched,
@@ -178,7 +225,7 @@ ALGORITHMS: dict[str, PeerAlgorithm] = {
             "draft: llama decoder layers (our EAGLE-3 layer), full attention, norm_before_residual, no "
             "norm_before_fc/norm_output, trainable embedding",
             "K depths = our train.ttt_steps (--num-depths: the export's speculative_tokens)",
-            "COD sampling: our train.max_anchors seeds (--max-anchors), keep ratio max(0.7^d, 0.2) (both defaults)",
+            "COD sampling: our peagle.max_anchors seeds (--max-anchors), keep ratio max(0.7^d, 0.2) (both defaults)",
             "mask token: our resolver's id (speculators.mask_token on the data's token counts) via --mask-token-id",
         ],
         not_matched=peagle_not_matched,
@@ -187,17 +234,7 @@ ALGORITHMS: dict[str, PeerAlgorithm] = {
     "dflash": PeerAlgorithm(
         speculator_type="dflash",
         recipe="dflash_smollm2_large",
-        draft_defaults={
-            **COMMON_DRAFT,
-            "block_size": 5,
-            "block_causal": True,
-            "max_anchors": 256,
-            "position_weighting": "exp_decay",
-            "decay_gamma": 4.0,
-            "dpace_alpha": 0.5,
-            "mask_token_id": None,
-            "sliding_window": None,  # None: the verifier's context (max_position_embeddings), as ours
-        },
+        draft_defaults=DFLASH_DRAFT,
         draft_flags=dflash_flags,
         matched=[
             "draft: qwen3 decoder layers (q/k norm), our num_layers, block_size (block_size - 1 drafts, the anchor "
@@ -208,5 +245,29 @@ ALGORITHMS: dict[str, PeerAlgorithm] = {
         ],
         not_matched=dflash_not_matched,
         needs_mask_token=True,
+    ),
+    # DFlash2: the full verifier vocabulary (no draft vocabulary: 0.9.0 refuses a reduced one)
+    "dflash2": PeerAlgorithm(
+        speculator_type="dflash2",
+        recipe="dflash2_smollm2_large",
+        draft_defaults={
+            **DFLASH_DRAFT,
+            "conv_kernel_size": 2,
+            "conv_group_size": 16,
+            "selector_rank": 256,
+            "selector_top_k": 16,
+            "selector_weight": 1.0,
+        },
+        draft_flags=dflash2_flags,
+        matched=[
+            "draft: DFlash's (qwen3 layers, block size, causal blocks as ours, anchors, slot weights, mask token)",
+            "convolutions: kernel and group size (--conv-kernel-size, --conv-group-size); selector rank, top-k and "
+            "loss weight (--selector-rank, --selector-top-k, --selector-loss-alpha)",
+            "vocabulary: the verifier's whole vocabulary on both sides (no --d2t-path/--t2d-path)",
+        ],
+        not_matched=dflash2_not_matched,
+        needs_mask_token=True,
+        convert_export="speculators 0.9.0 saves a DFlash2 draft without its embedding and head (it rebuilds both "
+        "from the verifier on load); `speculators convert` writes the verifier's, as the format requires",
     ),
 }

@@ -173,7 +173,7 @@ def train_peer(
     warmup_ratio: float = RECIPE_DEFAULTS["warmup_ratio"],
     micro_batch_size: int = RECIPE_DEFAULTS["micro_batch_size"],
     grad_accum: int = RECIPE_DEFAULTS["grad_accum"],
-    draft_vocab_size: int = RECIPE_DEFAULTS["draft_vocab_size"],
+    draft_vocab_size: int | None = RECIPE_DEFAULTS["draft_vocab_size"],
     draft_vocab_file: Path | None = None,
     loss_positions: str = "assistant",
     verifier: str | None = None,
@@ -196,9 +196,11 @@ def train_peer(
     data_dir = Path(data_dir).resolve()
     peer_data, run_dir = out / "peer_data", out / "peer_run"
     start = time.perf_counter()
-    vocab = draft_vocab_for(data_dir, draft_vocab_size, draft_vocab_file)
+    # None: the verifier's whole vocabulary (DFlash2), no mapping
+    vocab = draft_vocab_for(data_dir, draft_vocab_size, draft_vocab_file) if draft_vocab_size else None
     conversion = convert_data(data_dir, peer_data, loss_positions)
-    save_vocab_npy(vocab, peer_data)  # every run: the vocabulary is a setting, not part of the converted data
+    if vocab is not None:  # every run: the vocabulary is a setting, not part of the converted data
+        save_vocab_npy(vocab, peer_data)
     convert_seconds = time.perf_counter() - start
     verifier = verifier or resolve_verifier(conversion["verifier"])
     draft_settings = resolve_draft(peer_algorithm, draft, data_dir, verifier)
@@ -207,7 +209,7 @@ def train_peer(
     settings = dict(
         lr=lr, warmup_ratio=warmup_ratio, total_seq_len=total_seq_len, seed=seed, verifier=verifier
     )
-    settings.update(draft_vocab_size=vocab.draft_vocab_size, draft=draft_settings)
+    settings.update(draft_vocab_size=vocab and vocab.draft_vocab_size, draft=draft_settings)
     flags = peer_flags(peer_algorithm, conversion, peer_data, run_dir, **settings)
     budget = None
     if cpu_budget:
@@ -235,6 +237,12 @@ def train_peer(
     checkpoint = last_checkpoint(run_dir / "checkpoints")
     export = out / "peer_draft"
     files = export_peer(checkpoint, export)
+    converted = None
+    if peer_algorithm.convert_export:  # the peer's own files kept beside: peer_checkpoint/
+        converted = convert_peer_export(
+            export, out / "peer_checkpoint", verifier, peer_algorithm.convert_export
+        )
+        files = sorted(p.name for p in export.iterdir())
     launch = run.pop("launch")
     cpu_per_step = train_cpu_per_step(run["metrics"])
     report = {
@@ -245,7 +253,9 @@ def train_peer(
         "commands": {"convert": "in-process (ours)", "train": run.pop("command")},
         "convert_seconds": convert_seconds,
         "conversion": {k: v for k, v in conversion.items() if k != "train_lengths"},
-        "draft_vocab": {"size": vocab.draft_vocab_size, "provenance": vocab.provenance},
+        "draft_vocab": {"size": vocab.draft_vocab_size, "provenance": vocab.provenance}
+        if vocab
+        else {"size": None, "provenance": "the verifier's whole vocabulary"},
         "draft": draft_settings,
         "steps": steps,
         "budget": budget,
@@ -266,7 +276,7 @@ def train_peer(
         "cpu_shim_applied": launch["cpu_shim_applied"],
         "losses": final_losses(run["metrics"]),
         "checkpoint": str(checkpoint),
-        "export": {"dir": str(export), "files": files},
+        "export": {"dir": str(export), "files": files, "converted": converted},
         "validation": validation_result(export),
         "weight_max_abs_change": weight_changes(init, export) if init else None,
         "vllm": vllm_check(peer_algorithm, export, data_dir, verifier, prompts=vllm_prompts)
@@ -280,6 +290,17 @@ def train_peer(
     }
     atomic_write_json(out / "peer_lane.json", report)
     return report
+
+
+def convert_peer_export(export: Path, raw: Path, verifier: str, why: str) -> dict[str, Any]:
+    """Move the peer's files to ``raw`` and write our ``speculators convert`` of them to ``export``; what was
+    converted, from where and why (our validator, vLLM and our engine then read the converted draft)."""
+    from speculators.export.convert import convert_checkpoint
+
+    shutil.rmtree(raw, ignore_errors=True)
+    export.rename(raw)
+    result = convert_checkpoint(raw, export, verifier=verifier, dtype="float32", model_card=False)
+    return {"from": str(raw), "layout": result.layout, "why": why, "raw_validation": validation_result(raw)}
 
 
 COMMON_MATCHED = [
@@ -323,8 +344,8 @@ def recipe_settings(
 ) -> dict[str, Any]:
     """The training settings of our recipe (Hydra-composed, with ``overrides``), its optimizer step count on
     ``data_dir`` (the trainer's own batch plan: whole global batches per epoch x epochs, capped by max_steps) and
-    its draft settings (``draft``: each key of the algorithm's ``draft_defaults`` read from ``model`` or ``train``;
-    a key neither has keeps its default)."""
+    its draft settings (``draft``: each key of the algorithm's ``draft_defaults`` read from ``model``, ``train`` or
+    the groups its objective declares, e.g. ``block``; a key none has keeps its default)."""
     from hydra import compose, initialize_config_dir
 
     from data_gen.batch_plan import BatchPlan
@@ -343,23 +364,44 @@ def recipe_settings(
         steps = min(steps, int(train.max_steps))
     if cfg.schedule.name != "cosine":
         raise SystemExit(f"recipe {recipe}: schedule {cfg.schedule.name!r}; the peer lane passes cosine only")
-    draft = {}
-    for key, default in ALGORITHMS[algorithm].draft_defaults.items():
-        value = cfg.model.get(key, cfg.train.get(key, default))
-        draft[key] = (
-            value if isinstance(value, (bool, str)) or value is None else type(default or value)(value)
-        )
+    draft = draft_from_recipe(cfg, algorithm)
     return {
         "steps": steps,
         "lr": float(cfg.optim.lr),
         "warmup_ratio": float(cfg.schedule.warmup_ratio),
         "micro_batch_size": int(train.micro_batch_size),
         "grad_accum": int(train.grad_accum),
-        "draft_vocab_size": int(cfg.model.draft_vocab_size),
+        "draft_vocab_size": None if cfg.model.draft_vocab_size is None else int(cfg.model.draft_vocab_size),
         "loss_positions": str(train.loss_positions),
         "seed": int(cfg.seed),
         "draft": draft,
     }
+
+
+def draft_from_recipe(cfg: Any, algorithm: str) -> dict[str, Any]:
+    """Each key of the algorithm's ``draft_defaults`` read from the composed recipe: ``model.<key>``, else
+    ``train.<key>``, else the objective's own groups (``block.<key>``, ``dflash2.<key>``, ...). A key the recipe
+    leaves null is what the ``train.algorithm`` declares for it (EAGLE-3.1's norms:
+    ``speculators.algorithms.variant_config``), else the default; a key the recipe lacks keeps its default."""
+    from omegaconf import OmegaConf
+
+    from speculators.algorithms import variant_config
+    from train.objectives import objective_class
+
+    peer = ALGORITHMS[algorithm]
+    declared = variant_config(algorithm)
+    draft: dict[str, Any] = {}
+    for key, default in peer.draft_defaults.items():
+        sections = ["model", "train", *objective_class(algorithm).groups]
+        paths = [f"{section}.{key}" for section in sections]
+        found = [OmegaConf.select(cfg, path, default="<absent>") for path in paths]
+        value = next((v for v in found if v != "<absent>"), default)
+        if value is None:
+            value = declared.get(key, default)
+        draft[key] = (
+            value if isinstance(value, (bool, str)) or value is None else type(default or value)(value)
+        )
+    return draft
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,7 @@ def peer_flags(
     peer_data: Path,
     run_dir: Path,
     *,
-    draft_vocab_size: int,
+    draft_vocab_size: int | None,
     verifier: str,
     lr: float,
     warmup_ratio: float,
@@ -50,7 +50,9 @@ def peer_flags(
     dry_run: bool = False,
 ) -> list[str]:
     """The ``speculators train`` flags of the lane (real flag names of speculators 0.9.0): the data, vocabulary,
-    optimizer and schedule every algorithm shares, then ``algorithm``'s draft and objective flags."""
+    optimizer and schedule every algorithm shares, then ``algorithm``'s draft and objective flags. A
+    ``draft_vocab_size`` of None is the verifier's whole vocabulary: no mapping files, and no size (the peer then
+    uses the verifier's vocabulary, DFlash2's only one)."""
     flags = [
         "--speculator-type", algorithm.speculator_type,
         "--verifier-name-or-path", verifier,
@@ -61,9 +63,6 @@ def peer_flags(
         "--total-seq-len", str(total_seq_len),
         "--hidden-states-dtype", "float32",
         "--num-workers", "0",
-        "--d2t-path", str(peer_data / "d2t.npy"),
-        "--t2d-path", str(peer_data / "t2d.npy"),
-        "--draft-vocab-size", str(draft_vocab_size),
         "--target-layer-ids", *map(str, conversion["aux_layer_ids"]),
         "--num-layers", str(draft["num_layers"]),
         "--draft-attn-impl", "sdpa",
@@ -79,6 +78,12 @@ def peer_flags(
         "--log-dir", str(run_dir / "logs"),
         "--no-resume-from-checkpoint",
     ]  # fmt: skip
+    if draft_vocab_size is not None:
+        flags += [
+            "--d2t-path", str(peer_data / "d2t.npy"),
+            "--t2d-path", str(peer_data / "t2d.npy"),
+            "--draft-vocab-size", str(draft_vocab_size),
+        ]  # fmt: skip
     flags += algorithm.draft_flags(draft)
     return flags + (["--dry-run"] if dry_run else [])
 

@@ -5,7 +5,9 @@ runner only sequences them (one at a time, each ``python -m bench.<module>`` in 
 throughput on a shared CPU) and bench/summary.py condenses the headline figures of every result file into
 SUMMARY.md. A benchmark that fails is reported at the end; the others still run.
 
-    python -m bench.run                  # all benchmarks (the acceptance one trains eight drafts: ~2 h on 2 cores)
+    python -m bench.run                  # all benchmarks (the acceptance one's headline run: every drafter of ours
+                                         # at equal CPU, under 2 h on 2 cores; the peer lanes and the curve are
+                                         # `make bench-extended`: python -m bench.acceptance_bench --run extended)
     python -m bench.run --only engine    # a subset, by name (python bench/run.py works too)
 """
 
