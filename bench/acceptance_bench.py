@@ -411,10 +411,9 @@ def summarize(
             eagle3_al_k3_before=PREVIOUS_EAGLE3_AL_K3,
             eagle3_beats_before=bool(eagle > PREVIOUS_EAGLE3_AL_K3),
         )
-    goals.update(
-        ngram_tokens_per_verify_step_k3=ngram_steps,
-        eagle3_beats_ngram_per_step=bool(eagle and ngram_steps and eagle > ngram_steps),
-    )
+    goals.update(ngram_tokens_per_verify_step_k3=ngram_steps)
+    if eagle:  # a run that did not measure EAGLE-3 (the extended one) says nothing of it
+        goals.update(eagle3_beats_ngram_per_step=bool(ngram_steps and eagle > ngram_steps))
     if hass:
         goals.update(
             hass_al_k3_greedy=hass,

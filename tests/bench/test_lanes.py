@@ -196,6 +196,7 @@ def test_pairs_put_each_lane_next_to_its_predecessor_and_peer_across_the_two_run
     assert (peer["lane_run"], peer["vs_run"]) == (EXTENDED, HEADLINE)
     assert peer["lane_al"] == pytest.approx(1.54) and peer["vs_al"] == pytest.approx(1.44)
     assert extended["goals"]["dflash2_at_least_peer"] is False and extended["goals"]["eagle31_at_least_peer"]
+    assert "eagle3_beats_ngram_per_step" in goals and "eagle3_beats_ngram_per_step" not in extended["goals"]
     # accepted tokens per draft (AL - 1), ours over the peer's: 0.44 / 0.54, not the peer's over ours
     assert extended["goals"]["ours_over_peer"]["dflash2"] == pytest.approx(0.44 / 0.54)
     assert bench.accepted_ratio(by_lane[("peer_dflash2", "dflash2")]) == pytest.approx(0.44 / 0.54)
