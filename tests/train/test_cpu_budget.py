@@ -10,10 +10,13 @@ import hashlib
 import json
 import threading
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from speculators.runs import list_checkpoints
 from tests.train.conftest import compose, tiny_overrides
-from train.trainer import train
+from train.trainer import Trainer, train
 
 BUDGET = 6.0  # CPU-s
 BURN_FROM = 15  # the step after which the extra CPU burns
@@ -64,3 +67,20 @@ def test_the_budget_holds_when_the_cpu_per_step_rises_mid_run(sharp_verifier, ti
     assert 0.7 * BUDGET <= state["budget_cpu_s"] <= 1.1 * BUDGET, state["budget_cpu_s"]
     out = capsys.readouterr().out
     assert "cpu budget" in out and ("(was " in out or "stopping here" in out)  # it said it re-fitted
+
+
+@pytest.mark.parametrize(
+    ("eval_every", "save_every", "window"),
+    [(100, 100, 100), (50, 200, 200), (100_000, 100_000, 727 // 20), (0, 0, 727 // 20)],
+)
+def test_a_budget_window_spans_the_eval_and_save_intervals(eval_every, save_every, window):
+    """A window shorter than the eval interval reads one evaluation's CPU as every step's and shortens the run for
+    nothing (the bench's EAGLE-3 lane: 737 fitted steps cut to 614, 100 of 700 CPU-s unspent). Fitted at step 10
+    of 737, the windows are the steps left / 20, or the eval or save interval when that is longer and falls within
+    the run."""
+    train_settings = SimpleNamespace(
+        max_cpu_seconds=700.0, cpu_budget_hold=True, eval_every=eval_every, save_every=save_every
+    )
+    trainer = SimpleNamespace(settings=SimpleNamespace(train=train_settings), total_steps=737)
+    Trainer._budget_checks_from(trainer, SimpleNamespace(step=10, budget_steps=737), 12.0)
+    assert trainer._budget_every == window and trainer._budget_mark == (10, 12.0)
