@@ -429,12 +429,7 @@ def summarize(
             ours_over_peer_goal=GOAL_OURS_OVER_PEER,
         )
     for pair in lane_pairs:  # each lane at least its predecessor; ours at least the peer trainer's
-        ours, theirs = (
-            (pair["vs"], pair["lane"]) if pair["relation"] == "peer" else (pair["lane"], pair["vs"])
-        )
-        mine_al, their_al = (
-            (pair["vs_al"], pair["lane_al"]) if ours == pair["vs"] else (pair["lane_al"], pair["vs_al"])
-        )
+        ours, theirs, mine_al, their_al = judged_first(pair)
         held = bool(mine_al and their_al and mine_al >= their_al)
         if pair["relation"] == "peer":
             goals[f"{ours}_al_{pair['k']}_ours_vs_peer"] = [mine_al, their_al]
@@ -531,14 +526,21 @@ def pair_figures(mine: dict[str, Any], reference: dict[str, Any] | None) -> list
     return out
 
 
+def judged_first(pair: dict[str, Any]) -> tuple[str, str, float | None, float | None]:
+    """A pair's two lanes and their ALs, the judged one first: ours for a peer pair (whose ``lane`` is the peer's),
+    the lane over its predecessor otherwise."""
+    if pair["relation"] == "peer":
+        return pair["vs"], pair["lane"], pair["vs_al"], pair["lane_al"]
+    return pair["lane"], pair["vs"], pair["lane_al"], pair["vs_al"]
+
+
 def accepted_ratio(pair: dict[str, Any]) -> float | None:
-    """A pair's (AL - 1) ratio, accepted tokens per draft: ours over the peer trainer's for a peer pair, the lane
-    over its predecessor otherwise (above 1: ours, or the newer drafter, accepts more)."""
-    lane, other = pair.get("lane_al"), pair.get("vs_al")
-    if not lane or not other:
+    """A pair's (AL - 1) ratio, accepted tokens per draft, judged side over the other (``judged_first``; above 1:
+    ours, or the newer drafter, accepts more). None when a side is missing or the other accepted nothing."""
+    *_, mine, theirs = judged_first(pair)
+    if mine is None or theirs is None or theirs == 1:
         return None
-    first, second = (other, lane) if pair["relation"] == "peer" else (lane, other)
-    return _ratio(first - 1, second - 1)
+    return (mine - 1) / (theirs - 1)
 
 
 def _reference_al(reference: dict[str, Any] | None, name: str, k: str) -> float | None:

@@ -202,6 +202,7 @@ def test_pairs_put_each_lane_next_to_its_predecessor_and_peer_across_the_two_run
     assert bench.accepted_ratio(by_lane[("peer_dflash2", "dflash2")]) == pytest.approx(0.44 / 0.54)
     # a predecessor pair: the newer lane over its predecessor (EAGLE-3.1 0.63 over EAGLE-3 0.53)
     assert bench.accepted_ratio(eagle) == pytest.approx(0.63 / 0.53)
+    assert bench.accepted_ratio({**eagle, "lane_al": 1.0}) == 0.0  # nothing accepted is a ratio, not a gap
     (results / "acceptance_extended.json").write_text(json.dumps({"run": EXTENDED, "summary": extended}))
     from bench.summary import render
 
