@@ -22,7 +22,14 @@ from types import ModuleType
 # `make bench` (bench/run.py), cheapest first: a quick look at the suite needs no trained draft
 MAKE_BENCH = ("data_gen_bench", "train_bench", "engine_bench", "acceptance_bench")
 # each alone on an idle machine, outside make bench's budget
-STANDALONE = ("dtype_bench", "fp8_bench", "capture_backends", "stream_bench", "levers_bench")
+STANDALONE = (
+    "dtype_bench",
+    "fp8_bench",
+    "capture_backends",
+    "stream_bench",
+    "levers_bench",
+    "drafter_levers_bench",
+)
 BENCHES = MAKE_BENCH + STANDALONE
 
 

@@ -233,6 +233,7 @@ def build_draft(
     draft.embed_tokens.weight.data.copy_(embedding.to(draft.embed_tokens.weight.dtype))
     if settings.model.init_lm_head_from_verifier:
         draft.lm_head.weight.data.copy_(head.draft_weight.to(draft.lm_head.weight.dtype))
+    draft.lm_head.weight.requires_grad_(settings.model.train_lm_head)
     if settings.model.warm_start == "top_layer":
         warm_start_from_verifier(draft, settings.verifier.name_or_path)
     if settings.train.init_from:

@@ -78,6 +78,8 @@ class ModelSettings:
     layer_type: str | None = None
     fc_init: str = "default"
     init_lm_head_from_verifier: bool = True
+    # false: lm_head stays at its initial rows (speculators 0.9.0 freezes it); fewer trained parameters per step
+    train_lm_head: bool = True
     warm_start: str = "none"
     # long-context drafts: every draft layer attends over this many positions (null: all); an objective whose
     # layers take no window refuses it (``Objective.sliding_window_layers``)
@@ -93,6 +95,11 @@ class ModelSettings:
         found += at_least("model.draft_vocab_size", self.draft_vocab_size, 1)
         found += at_least("model.sliding_window", self.sliding_window, 1)
         found += one_of("model.fc_init", self.fc_init, FC_INITS)
+        if not self.train_lm_head and not self.init_lm_head_from_verifier:
+            found.append(
+                "model.train_lm_head=false with model.init_lm_head_from_verifier=false would freeze a random "
+                "lm_head: start it from the verifier's rows (init_lm_head_from_verifier=true) or train it"
+            )
         if self.layer_type is not None:
             found += one_of("model.layer_type", self.layer_type, draft_layer_types.names())
         return found

@@ -111,6 +111,41 @@ def test_the_trainer_warm_starts_only_when_asked(sharp_verifier, tiny_data, tmp_
     reset_distributed()
 
 
+# ---- a frozen lm_head -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("recipe", ["tiny_eagle3", "tiny_peagle"])
+def test_a_frozen_lm_head_keeps_the_verifiers_rows_while_the_rest_trains(
+    sharp_verifier, tiny_data, tmp_path, recipe
+):
+    overrides = tiny_overrides(sharp_verifier, tiny_data, tmp_path / "run", "model.train_lm_head=false")
+    overrides = [f"recipe={recipe}" if o.startswith("recipe=") else o for o in overrides]
+    try:
+        trainer = Trainer(compose([*overrides, "train.max_steps=3"]), tmp_path)
+    except BaseException:
+        reset_distributed()
+        raise
+    try:
+        draft = trainer.accelerator.unwrap_model(trainer.model).draft
+        head_rows = trainer.head.draft_weight.detach().clone()
+        fc_before = draft.fc.weight.detach().clone()
+        trainer.fit()
+        assert torch.equal(draft.lm_head.weight.detach(), head_rows.to(draft.lm_head.weight.dtype))
+        assert not torch.equal(draft.fc.weight.detach(), fc_before)  # the rest trained
+        trained = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+        assert id(draft.lm_head.weight) not in trained
+    finally:
+        trainer.close()
+        reset_distributed()
+    with pytest.raises(ValueError, match="freeze a random lm_head"):
+        make_trainer(
+            sharp_verifier,
+            tiny_data,
+            tmp_path / "bad",
+            "model.train_lm_head=false",
+            "model.init_lm_head_from_verifier=false",
+        )
+    reset_distributed()
+
+
 # ---- which positions carry the loss --------------------------------------------------------------------------
 def test_all_positions_train_on_every_real_token_and_validation_is_unchanged(
     sharp_verifier, tiny_data, tmp_path
