@@ -184,3 +184,53 @@ def test_all_positions_train_on_every_real_token_and_validation_is_unchanged(
     with pytest.raises(ValueError, match="train.loss_positions='user'"):
         make_trainer(sharp_verifier, tiny_data, tmp_path / "bad", "train.loss_positions=user")
     reset_distributed()
+
+
+# ---- out-of-vocab targets kept: no full-vocabulary argmax while training ------------------------------------
+def test_training_that_keeps_out_of_vocab_targets_skips_the_full_vocab_argmax(
+    sharp_verifier, tiny_data, tmp_path, monkeypatch
+):
+    """With ``train.mask_out_of_vocab=false`` a training step scores agreement with the verifier's best draft-vocab
+    token (no full-vocabulary matmul: half an EAGLE-3 step on a CPU); evaluation still takes the verifier's own
+    argmax, so the simulated acceptance length is the exact one."""
+    from train.targets import TargetHead, target_draft_ids
+
+    phase, calls, seen = {"now": "train"}, {"train": 0, "eval": 0}, []
+    original = TargetHead.argmax
+
+    def counted(self, last_hidden, *args, **kwargs):
+        calls[phase["now"]] += 1
+        seen.append(last_hidden)
+        return original(self, last_hidden, *args, **kwargs)
+
+    monkeypatch.setattr(TargetHead, "argmax", counted)
+    trainer = make_trainer(
+        sharp_verifier, tiny_data, tmp_path, "train.mask_out_of_vocab=false", "train.max_steps=3"
+    )
+    try:
+        evaluate = trainer.objective.evaluate
+
+        def evaluating(*args, **kwargs):
+            phase["now"] = "eval"
+            try:
+                return evaluate(*args, **kwargs)
+            finally:
+                phase["now"] = "train"
+
+        monkeypatch.setattr(trainer.objective, "evaluate", evaluating)
+        trainer.fit()
+        assert calls["train"] == 0 and calls["eval"] > 0
+        head = trainer.head
+        assert not head.full_vocab  # 256 of the verifier's 512 tokens
+        # the held-out states, and random ones (whose argmax often falls outside the draft vocabulary)
+        hidden = torch.cat([seen[0].reshape(-1, seen[0].shape[-1]), 8 * torch.randn(256, seen[0].shape[-1])])
+        needed = torch.ones(len(hidden), 1, dtype=torch.bool)
+        cheap = target_draft_ids(head, hidden[:, None], needed, within_draft_vocab=True)
+        exact = target_draft_ids(head, hidden[:, None], needed)
+        # where the verifier's argmax is a draft token the two agree; elsewhere the cheap one still names a token
+        inside = exact >= 0
+        assert inside.any() and (~inside).any()
+        assert torch.equal(cheap[inside], exact[inside]) and (cheap >= 0).all()
+    finally:
+        trainer.close()
+        reset_distributed()

@@ -112,12 +112,21 @@ class Objective:
         return MemoryTerms()
 
     def step_masks(
-        self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, steps: int
+        self,
+        batch: MicroBatch,
+        loss_mask: torch.Tensor,
+        head: TargetHead,
+        steps: int,
+        evaluating: bool = False,
     ) -> tuple[StepMasks, torch.Tensor]:
         """Every objective's starting point: the positions whose verifier distribution some step targets
-        (``needed``) and each step's masks against the verifier's argmax there (the shared convention above)."""
+        (``needed``) and each step's masks against the verifier's argmax there (the shared convention above).
+        Training that keeps out-of-vocab targets (``train.mask_out_of_vocab=false``) needs no full-vocabulary
+        argmax: it scores agreement with the verifier's best draft-vocabulary token; ``evaluating`` always
+        compares with the verifier's own argmax, so the simulated acceptance length stays exact."""
         needed = needed_positions(loss_mask)
-        draft_ids = target_draft_ids(head, batch.last_hidden, needed)
+        cheap = not evaluating and not self.settings.train.mask_out_of_vocab
+        draft_ids = target_draft_ids(head, batch.last_hidden, needed, within_draft_vocab=cheap)
         masks = step_masks(
             loss_mask, batch.document_ids, draft_ids, steps, self.settings.train.mask_out_of_vocab
         )

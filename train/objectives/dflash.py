@@ -510,7 +510,7 @@ class AnchorBlocks(Objective):
         """Every held-out position that starts a draft anchors a block of ``steps`` draft slots, through the chunked
         kernel whatever the backend (a varying anchor count, and no backward: see :mod:`train.anchor_attention`)."""
         steps = min(steps, self.steps)
-        masks, needed = self.step_masks(batch, batch.loss_mask, head, steps)
+        masks, needed = self.step_masks(batch, batch.loss_mask, head, steps, evaluating=True)
         rows, cols = masks.valid[0].nonzero(as_tuple=True)
         plan = Plan(at_anchors(masks, rows, cols), needed, {"rows": rows, "cols": cols})
         out = self._terms(model, batch, plan, head, steps, backend="chunked")

@@ -207,7 +207,7 @@ class TrainingTimeTest(Objective):
         self, model: nn.Module, batch: MicroBatch, head: TargetHead, stats: StepStats, steps: int
     ) -> None:
         topk = self.topk_term
-        masks, needed = self.step_masks(batch, batch.loss_mask, head, steps)
+        masks, needed = self.step_masks(batch, batch.loss_mask, head, steps, evaluating=True)
         verifier_logits = target_logits(head, batch.last_hidden, needed)
         logits = model(batch.input_ids, batch.aux_hidden, batch.position_ids, batch.document_ids, steps=steps)
         correct = []
