@@ -23,6 +23,12 @@ atomically, without local paths::
 
     .venv/bin/python bench/drafter_levers_bench.py            # ~70 min on 2 cores
     .venv/bin/python bench/drafter_levers_bench.py --quick    # a few minutes: proves the script end to end
+    .venv/bin/python bench/drafter_levers_bench.py --set defaults  # ~12 min: each recipe now vs its previous
+                                                                   # defaults (drafter_defaults.json)
+
+``--set defaults`` trains each drafter's recipe as it is now beside the same recipe with the overrides that
+restore its defaults from before the winners were adopted (:data:`PREVIOUS_DEFAULTS`), side by side in one run,
+judged against the levers run's seed spread.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import argparse
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +140,33 @@ def lanes() -> list[Lane]:
     ]  # fmt: skip
 
 
+# the defaults before issue 32's levers changed them, per drafter: the ``defaults`` set trains today's recipe beside
+# one with these overrides, at the same budget in one run (the levers that won, kept, against what they replaced)
+PREVIOUS_DEFAULTS: dict[str, list[str]] = {
+    "eagle3": ["optim.fused=false"],
+    "peagle": ["optim.fused=false"],
+}
+
+
+def default_lanes() -> list[Lane]:
+    """The ``defaults`` set: each drafter's recipe as it is now against the same recipe with its previous defaults."""
+    out = []
+    for drafter, previous in PREVIOUS_DEFAULTS.items():
+        out += [
+            Lane(
+                f"{drafter}_defaults",
+                drafter,
+                f"{RECIPES[drafter]} as it is now",
+                baseline=f"{drafter}_previous",
+            ),
+            Lane(f"{drafter}_previous", drafter, f"{RECIPES[drafter]} with its previous defaults", previous),
+        ]
+    return out
+
+
+LANE_SETS = {"levers": lanes, "defaults": default_lanes}
+
+
 def base_of(lane: Lane) -> str:
     return lane.baseline or f"{lane.drafter}_base"
 
@@ -210,17 +243,23 @@ def accepted_change(lane: dict[str, Any], base: dict[str, Any]) -> float | None:
     return round(100 * ((a - 1) / (b - 1) - 1), 1)
 
 
-def verdicts(results: dict[str, dict[str, Any]], all_lanes: list[Lane]) -> dict[str, Any]:
-    """Each lever against its baseline, with the seed spread of its drafter as the noise it must beat."""
-    noise = {
-        drafter: accepted_change(results[f"{drafter}_seed1"], results[f"{drafter}_base"])
-        for drafter in ("eagle3", "peagle")
-        if f"{drafter}_seed1" in results
-    }
+def verdicts(
+    results: dict[str, dict[str, Any]], all_lanes: list[Lane], noise: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Each lever against its baseline, with the seed spread of its drafter as the noise it must beat (``noise``:
+    another run's, for a set without seed lanes)."""
+    if noise is None:
+        noise = {
+            drafter: accepted_change(results[f"{drafter}_seed1"], results[f"{drafter}_base"])
+            for drafter in ("eagle3", "peagle")
+            if f"{drafter}_seed1" in results
+        }
     out = {}
     for lane in all_lanes:
         base = base_of(lane)
         if lane.name == base or lane.name.endswith("_seed1") or lane.name.startswith("eagle3_half"):
+            continue
+        if base not in results:
             continue
         change = accepted_change(results[lane.name], results[base])
         spread = abs(noise.get("peagle" if lane.drafter == "peagle" else "eagle3") or 0.0)
@@ -235,13 +274,32 @@ def verdicts(results: dict[str, dict[str, Any]], all_lanes: list[Lane]) -> dict[
     return {"seed_spread_pct": noise, "levers": out}
 
 
+def levers_spread(size: Size) -> dict[str, Any]:
+    """The seed spread the levers set measured (its result file beside this set's), or none."""
+    levers = REPO / size.out.replace("drafter_defaults", "drafter_levers")
+    if not levers.is_file():
+        return {}
+    return (json.loads(levers.read_text()).get("verdicts") or {}).get("seed_spread_pct") or {}
+
+
 def run(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, outputs/drafter_levers_quick")
     parser.add_argument("--root", help="where the runs go")
     parser.add_argument("--out", help="result JSON")
+    parser.add_argument(
+        "--set",
+        choices=sorted(LANE_SETS),
+        default="levers",
+        help="levers: every lever against its drafter's recipe (default); defaults: each recipe now against its "
+        "previous defaults (after the winners became defaults)",
+    )
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
+    if args.set != "levers":
+        size = replace(
+            size, root=size.root.replace("levers", args.set), out=size.out.replace("levers", args.set)
+        )
     root = Path(args.root or size.root)
     root = root if root.is_absolute() else REPO / root
     logs = root / "bench_logs"
@@ -251,7 +309,7 @@ def run(argv: list[str] | None = None) -> None:
     records, data_load = run_measured_wave(
         "data", [[("data", data_command(data_dir, size.data, []), data_dir)]], logs
     )
-    all_lanes = lanes()
+    all_lanes = LANE_SETS[args.set]()
     wave = [
         [
             (f"train_{lane.name}", train_command(lane, size, data_dir, root), root / "runs" / lane.name)
@@ -269,7 +327,12 @@ def run(argv: list[str] | None = None) -> None:
         "mode": "quick" if args.quick else "full",
         "machine": levers_bench.machine_info(),
         "command": " ".join(
-            [".venv/bin/python", "bench/drafter_levers_bench.py", *(["--quick"] if args.quick else [])]
+            [
+                ".venv/bin/python",
+                "bench/drafter_levers_bench.py",
+                *(["--quick"] if args.quick else []),
+                *([f"--set {args.set}"] if args.set != "levers" else []),
+            ]
         ),
         "budget": {
             "training_cpu_s_per_lane": size.budget_cpu_s,
@@ -281,7 +344,8 @@ def run(argv: list[str] | None = None) -> None:
         "trainer's evaluation at the end of the budget; levers are judged on (AL - 1) against their baseline",
         "data": {"dir": str(data_dir), **data_summary(data_dir, records["data"])},
         "lanes": results,
-        "verdicts": verdicts(results, all_lanes),
+        "set": args.set,
+        "verdicts": verdicts(results, all_lanes, None if args.set == "levers" else levers_spread(size)),
         "load": {"data": data_load, "training": train_load},
         "total_wall_s": round(time.perf_counter() - started, 1),
         "notes": "a lever wins when its (AL - 1) change over its baseline exceeds its drafter's seed spread (the "
@@ -295,7 +359,7 @@ def run(argv: list[str] | None = None) -> None:
 
 
 # ---- its section of bench/results/SUMMARY.md ------------------------------------------------------------------
-RESULTS = ("drafter_levers", "drafter_levers_quick")
+RESULTS = ("drafter_levers", "drafter_levers_quick", "drafter_defaults", "drafter_defaults_quick")
 
 
 def render(result: dict[str, Any]) -> list[str]:

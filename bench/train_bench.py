@@ -5,6 +5,9 @@
    single process: optimizer steps/s and tokens/s. Features are random tensors of SmolLM2's shapes written with
    data_gen's store (their values do not change the cost); the targets come from the real SmolLM2 final norm and
    lm_head. Measured with 1 intra-op thread and with torch's default.
+   Then the step cost of the demo recipes (EAGLE-3 and P-EAGLE, one sample per step, 1 thread, the `auto` dtype)
+   with each cost lever off and on: torch's per-tensor AdamW loop vs its fused kernel, and training without the
+   full-vocabulary argmax (out-of-vocab targets kept).
 2. Peak memory of the TTT attention (forward + backward, k = 3 steps, SmolLM2's head layout) as the sequence length
    doubles, for the linear-memory ``chunked`` implementation and the naive dense-mask reference. Counted as live
    tensor bytes (train.memory_plan.LiveBytes), exact and allocator-independent. The chunked ratio per doubling
@@ -83,23 +86,32 @@ def write_random_features(directory: Path, samples: int, length: int) -> None:
     save_file({"counts": counts}, str(directory / TOKEN_COUNTS_NAME), metadata={"provenance": "{}"})
 
 
+THROUGHPUT_SHAPE = ["train.max_length=1024", "train.micro_batch_size=4"]
+
+
 def train_throughput(
-    data_dir: Path, steps: int, threads: int | None, dtype: str = "fp32", tag: str = ""
+    data_dir: Path,
+    steps: int,
+    threads: int | None,
+    dtype: str = "fp32",
+    tag: str = "",
+    recipe: str = "eagle3_smollm2",
+    extra: list[str] | None = None,
 ) -> dict:
     """Steps/s and tokens/s of the real trainer on ``data_dir`` in ``dtype`` (train.dtype: fp32 | bf16 | auto);
-    ``tag`` keeps the run directories of repeated measurements apart."""
+    ``tag`` keeps the run directories of repeated measurements apart; ``extra``: the batch shape and any other
+    overrides (default :data:`THROUGHPUT_SHAPE`)."""
     from hydra import compose, initialize_config_dir
 
     from train.trainer import reset_distributed, train
 
-    run_dir = data_dir.parent / f"run-{threads or 'default'}-{dtype}{tag}"
+    run_dir = data_dir.parent / f"run-{recipe}-{threads or 'default'}-{dtype}{tag}"
     overrides = [
-        "recipe=eagle3_smollm2",
+        f"recipe={recipe}",
         f"train.data_dir={data_dir}",
         f"run_dir={run_dir}",
         f"train.max_steps={steps}",
-        "train.max_length=1024",
-        "train.micro_batch_size=4",
+        *(THROUGHPUT_SHAPE if extra is None else extra),
         "train.save_every=1000000",
         "train.eval_every=1000000",
         f"train.dtype={dtype}",
@@ -129,6 +141,47 @@ def train_throughput(
         "seconds_per_step_median": round(seconds_per_step, 3),
         "tokens_per_s": round(tokens_per_step / seconds_per_step, 1),
         "wall_seconds_total": round(time.time() - started, 1),
+    }
+
+
+# step cost: what one optimizer step of each recipe costs with and without a change, at the recipe's own batch
+# (one 512-token sample), one thread, the compute dtype `auto` picks, repeats interleaved
+STEP_COST_RECIPES = ("eagle3_smollm2", "peagle_smollm2")
+STEP_COST_VARIANTS = {
+    "default": [],
+    "per_tensor_adamw": ["optim.fused=false"],  # torch's default AdamW loop on a CPU
+    "out_of_vocab_kept": ["train.mask_out_of_vocab=false"],  # no full-vocabulary argmax in training
+}
+
+
+def step_costs(data_dir: Path, steps: int, repeats: int = 2) -> dict[str, Any]:
+    """Seconds per optimizer step (median over the timed steps, then over the repeats) of every recipe x variant,
+    and each variant's cost relative to the default."""
+    runs: dict[str, dict[str, list[float]]] = {
+        r: {v: [] for v in STEP_COST_VARIANTS} for r in STEP_COST_RECIPES
+    }
+    for repeat in range(repeats):
+        for recipe in STEP_COST_RECIPES:
+            for variant, overrides in STEP_COST_VARIANTS.items():
+                shape = ["train.max_length=512", "train.micro_batch_size=1", *overrides]
+                got = train_throughput(data_dir, steps, 1, "auto", f"-{variant}-{repeat}", recipe, shape)
+                runs[recipe][variant].append(got["seconds_per_step_median"])
+    table = {}
+    for recipe, variants in runs.items():
+        base = statistics.median(variants["default"])
+        table[recipe] = {
+            variant: {
+                "seconds_per_step": round(statistics.median(times), 3),
+                "runs": times,
+                "relative_to_default": round(statistics.median(times) / base, 3),
+            }
+            for variant, times in variants.items()
+        }
+    return {
+        "how": "the real trainer, 1 thread, train.dtype=auto, one 512-token sample per step (the recipes' own "
+        f"batch), {steps} steps per run (the first excluded), {repeats} interleaved repeats",
+        "variants": {name: overrides for name, overrides in STEP_COST_VARIANTS.items()},
+        "recipes": table,
     }
 
 
@@ -211,6 +264,7 @@ def run(argv: list[str] | None = None) -> None:
             "recipe": "eagle3_smollm2 (fp32, 1 process, chunked TTT attention, 4 x 512 tokens per step)",
             "runs": [train_throughput(data_dir, args.steps, threads) for threads in (1, None)],
         }
+        results["step_cost"] = step_costs(data_dir, args.steps)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     results["ttt_attention_memory"] = attention_memory(args.lengths, args.dense_max, args.chunk)
@@ -242,6 +296,16 @@ def render(result: dict[str, Any]) -> list[str]:
         )
     )
     lines.append(bullet("grows linearly", memory.get("chunked_grows_linearly")))
+    for recipe, variants in (result.get("step_cost") or {}).get("recipes", {}).items():
+        lines.append(
+            bullet(
+                f"seconds per step, {recipe} (relative to its default)",
+                {
+                    v: f"{row['seconds_per_step']} ({row['relative_to_default']})"
+                    for v, row in variants.items()
+                },
+            )
+        )
     return lines
 
 

@@ -45,3 +45,20 @@ def test_a_lever_wins_only_beyond_the_seed_spread():
     assert verdicts["levers"]["peagle_betas"]["wins"]
     assert verdicts["levers"]["hass_base"]["vs"] == "eagle3_base"
     assert "eagle3_half" not in verdicts["levers"] and "peagle_seed1" not in verdicts["levers"]
+
+
+def test_the_defaults_set_trains_each_recipe_beside_its_previous_defaults():
+    lanes = bench.default_lanes()
+    for drafter, previous in bench.PREVIOUS_DEFAULTS.items():
+        now, before = (
+            next(x for x in lanes if x.name == f"{drafter}_{which}") for which in ("defaults", "previous")
+        )
+        assert now.overrides == [] and before.overrides == previous and bench.base_of(now) == before.name
+        queues = bench.queues(lanes)
+        # the two sides of a comparison run at the same time, one per queue
+        assert [q.index(now) for q in queues if now in q] == [q.index(before) for q in queues if before in q]
+    results = {lane.name: {"heldout_simulated_al": 1.2} for lane in lanes}
+    results["eagle3_defaults"] = {"heldout_simulated_al": 1.3}  # +50 %
+    verdicts = bench.verdicts(results, lanes, {"eagle3": 5.0, "peagle": 5.0})
+    assert verdicts["levers"]["eagle3_defaults"]["wins"] and not verdicts["levers"]["peagle_defaults"]["wins"]
+    assert set(verdicts["levers"]) == {"eagle3_defaults", "peagle_defaults"}
