@@ -45,6 +45,11 @@ def test_a_lever_wins_only_beyond_the_seed_spread():
     assert verdicts["levers"]["peagle_betas"]["wins"]
     assert verdicts["levers"]["hass_base"]["vs"] == "eagle3_base"
     assert "eagle3_half" not in verdicts["levers"] and "peagle_seed1" not in verdicts["levers"]
+    # a lane whose CPU-seconds were a small share of its wall time ran beside other work: no verdict from it
+    results["peagle_betas"]["cpu_share_of_wall"] = 0.7
+    contended = bench.verdicts(results, bench.lanes())["levers"]["peagle_betas"]
+    assert contended["contended"] == ["peagle_betas"] and not contended["wins"]
+    assert bench.share_of_wall({"cpu_s": 300.0, "wall_s": 400.0}) == 0.75
 
 
 def test_the_defaults_set_trains_each_recipe_beside_its_previous_defaults():
