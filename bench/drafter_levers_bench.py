@@ -80,7 +80,7 @@ QUICK = Size(
 FULL = Size(
     root="outputs/drafter_levers",
     out="bench/results/drafter_levers.json",
-    data=[],  # eagle3_smollm2's: 200 conversations, 512 tokens
+    data=["data.max_conversations=200"],  # the data its results were measured on (512 tokens each)
     train=[],
     budget_cpu_s=300,  # bench/levers_bench.py's budget: about one epoch of the demo data, one thread
     epochs=20,

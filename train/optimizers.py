@@ -45,11 +45,26 @@ def trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
-def build_adamw(optim: OptimSettings, model: torch.nn.Module) -> torch.optim.Optimizer:
-    params = [p for _, p in trainable(model)]
+def adamw_optimizer(params: list[torch.Tensor], optim: OptimSettings) -> torch.optim.AdamW:
+    """torch AdamW over ``params`` (:func:`adamw_groups`), in its fused kernel unless ``optim.fused`` is false or
+    a parameter lives where torch has none (the dry run's meta device): on a CPU torch's default is a per-tensor
+    Python loop, several times slower for a draft with a trained embedding or LM head, with the same update rule
+    (bench/results/drafter_defaults.json measures each recipe's CPU per step with and without)."""
+    fused = optim.fused if optim.fused is not None else all(p.device.type in FUSED_DEVICES for p in params)
     return torch.optim.AdamW(
-        adamw_groups(params, optim.weight_decay), lr=optim.lr, betas=optim.betas, eps=optim.eps
+        adamw_groups(params, optim.weight_decay),
+        lr=optim.lr,
+        betas=tuple(optim.betas),
+        eps=optim.eps,
+        **({"fused": True} if fused else {}),
     )
+
+
+FUSED_DEVICES = ("cpu", "cuda")  # where torch 2.13's AdamW has a fused kernel
+
+
+def build_adamw(optim: OptimSettings, model: torch.nn.Module) -> torch.optim.Optimizer:
+    return adamw_optimizer([p for _, p in trainable(model)], optim)
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
@@ -113,13 +128,7 @@ def build_muon(optim: OptimSettings, model: torch.nn.Module) -> torch.optim.Opti
         if matrices
         else None
     )
-    adamw = (
-        torch.optim.AdamW(
-            adamw_groups(others, optim.weight_decay), lr=optim.lr, betas=optim.betas, eps=optim.eps
-        )
-        if others
-        else None
-    )
+    adamw = adamw_optimizer(others, optim) if others else None
     return MuonWithAdamW(muon, adamw)
 
 

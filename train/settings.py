@@ -228,6 +228,9 @@ class OptimSettings:
     eps: float = 1e-8
     weight_decay: float = 0.0
     grad_clip: float | None = 0.5
+    # torch's fused AdamW kernel (the same update rule, one kernel over every tensor): null uses it where the
+    # parameters' device has one (CPU and CUDA), false keeps the per-tensor loop torch picks on a CPU by default
+    fused: bool | None = None
     muon: MuonSettings = field(default_factory=MuonSettings)
 
     @property

@@ -102,3 +102,30 @@ def test_muon_trains_and_resumes_exactly(sharp_verifier, tiny_data, tmp_path):
     reference, again = draft_weights(full, STEPS), draft_weights(resumed, STEPS)
     for name in reference:
         assert torch.equal(reference[name], again[name]), name
+
+
+def test_adamw_runs_in_torchs_fused_kernel_unless_told_not_to():
+    """``optim.fused`` null: the fused kernel where the parameters' device has one (the same update rule: a step of
+    each matches the per-tensor loop's to float rounding); false: the loop; a meta-device model (the dry run's):
+    never fused."""
+    fused = make_optimizer(OptimSettings(), tiny_draft())
+    looped = make_optimizer(OptimSettings(fused=False), tiny_draft())
+    assert all(group["fused"] for group in fused.param_groups)
+    assert not any(group["fused"] for group in looped.param_groups)
+    with torch.device("meta"):
+        meta = tiny_draft()
+    assert not any(group["fused"] for group in make_optimizer(OptimSettings(), meta).param_groups)
+    muon = make_optimizer(OptimSettings(name="muon"), tiny_draft())
+    assert all(group["fused"] for group in muon.param_groups if not group["muon"])
+    # one step from the same weights and gradients lands on the same weights
+    torch.manual_seed(0)
+    a = tiny_draft()
+    b = tiny_draft()
+    b.load_state_dict(a.state_dict())
+    for model in (a, b):
+        for p in model.parameters():
+            p.grad = torch.ones_like(p) * 0.01
+    make_optimizer(OptimSettings(), a).step()
+    make_optimizer(OptimSettings(fused=False), b).step()
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(x, y, msg=name)
