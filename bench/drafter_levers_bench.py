@@ -143,8 +143,8 @@ def lanes() -> list[Lane]:
 # the defaults before issue 32's levers changed them, per drafter: the ``defaults`` set trains today's recipe beside
 # one with these overrides, at the same budget in one run (the levers that won, kept, against what they replaced)
 PREVIOUS_DEFAULTS: dict[str, list[str]] = {
-    "eagle3": ["optim.fused=false"],
-    "peagle": ["optim.fused=false"],
+    "eagle3": ["optim.fused=false", "optim.lr=3e-4"],
+    "peagle": ["optim.fused=false", "optim.betas=[0.9,0.95]"],
 }
 
 
