@@ -184,8 +184,8 @@ def target_draft_ids(
 
     ``within_draft_vocab``: the verifier's argmax over the draft vocabulary instead (never -1 at a needed
     position), at a sixth of the cost for a 49k verifier with an 8k draft vocabulary: enough for training that
-    does not drop out-of-vocab targets (``train.mask_out_of_vocab=false``), where the id only scores agreement.
-    On a CPU that full-vocab matmul was half of an EAGLE-3 training step; evaluation always takes the full one."""
+    does not drop out-of-vocab targets (``train.mask_out_of_vocab=false``), where the id only scores agreement;
+    evaluation always takes the full one."""
     out = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
     if needed.any():
         if within_draft_vocab:

@@ -191,7 +191,7 @@ def test_training_that_keeps_out_of_vocab_targets_skips_the_full_vocab_argmax(
     sharp_verifier, tiny_data, tmp_path, monkeypatch
 ):
     """With ``train.mask_out_of_vocab=false`` a training step scores agreement with the verifier's best draft-vocab
-    token (no full-vocabulary matmul: half an EAGLE-3 step on a CPU); evaluation still takes the verifier's own
+    token (no full-vocabulary matmul); evaluation still takes the verifier's own
     argmax, so the simulated acceptance length is the exact one."""
     from train.targets import TargetHead, target_draft_ids
 
