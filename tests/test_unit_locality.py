@@ -39,6 +39,7 @@ ALLOWED = {
     "bench/peer_lane.py": "the peer lane's default --algorithm (eagle3, its historical lane)",
     "bench/engine_bench.py": "benchmarks EAGLE-3's sequential drafter by name (an EAGLE-3 bench)",
     "bench/levers_bench.py": "benchmarks EAGLE-3's model levers by name (an EAGLE-3 bench)",
+    "bench/drafter_levers_bench.py": "the drafter levers' lane table: each lane names the drafter and recipe it trains",
     # -- not moved yet (left for a follow-up; each is a known debt) ----------------------------------------------------
     "speculators/serving/__init__.py": "NOT MOVED YET: re-exports the per-type bridge functions below",
     "speculators/serving/speculators_package.py": "NOT MOVED YET: per-type bridges to speculators 0.9.0",
