@@ -165,26 +165,19 @@ def lane_training(root: Path, lane: Lane) -> dict[str, Any]:
         return {
             "steps": peer.get("steps"),
             "training_tokens": peer.get("tokens_trained"),
-            "training_cpu_s": num_or_none(peer.get("train_cpu_seconds")),
+            "training_cpu_s": num(peer.get("train_cpu_seconds")),
         }
     if not (out / "metrics.jsonl").is_file():
         return {}
-    trains = [r for r in learning_curve.read_metrics(out) if r.get("kind") == "train"]
-    if len(trains) < 2:
+    totals = learning_curve.training_totals(learning_curve.read_metrics(out))
+    if totals["cpu_s_per_step"] is None:
         return {}
-    first, last = trains[0], trains[-1]
-    cpu_first, cpu_last = float(first.get("process_cpu_s") or 0.0), float(last.get("process_cpu_s") or 0.0)
-    per_step = (cpu_last - cpu_first) / max(int(last["step"]) - int(first["step"]), 1)
     return {
-        "steps": int(last["step"]),
-        "training_tokens": int(sum(float(r.get("tokens", 0.0)) for r in trains)),
-        "training_cpu_s": num_or_none(per_step * int(last["step"])),
-        "process_cpu_s_at_last_step": num_or_none(cpu_last),
+        "steps": totals["steps"],
+        "training_tokens": int(totals["tokens"]),
+        "training_cpu_s": num(totals["cpu_s_per_step"] * totals["steps"]),
+        "process_cpu_s_at_last_step": num(totals["cpu_s_at_last_step"]),
     }
-
-
-def num_or_none(value: Any) -> float | None:
-    return None if value is None else round(float(value), 1)
 
 
 def pipeline(

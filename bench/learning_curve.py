@@ -27,6 +27,24 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def training_totals(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's training records (``kind`` train of its metrics) summed up: its last optimizer step, the training
+    tokens, its process CPU at the last step and the CPU per step between the first and the last step (start-up
+    left out; None with fewer than two records)."""
+    trains = [r for r in records if r.get("kind") == "train"]
+    if not trains:
+        return {"steps": 0, "tokens": 0.0, "cpu_s_at_last_step": 0.0, "cpu_s_per_step": None}
+    first, last = trains[0], trains[-1]
+    cpu_first, cpu_last = float(first.get("process_cpu_s") or 0.0), float(last.get("process_cpu_s") or 0.0)
+    span = int(last["step"]) - int(first["step"])
+    return {
+        "steps": int(last["step"]),
+        "tokens": sum(float(r.get("tokens", 0.0)) for r in trains),
+        "cpu_s_at_last_step": cpu_last,
+        "cpu_s_per_step": (cpu_last - cpu_first) / max(span, 1) if len(trains) > 1 else None,
+    }
+
+
 def _interpolate(knots: list[tuple[int, float]], step: int) -> float:
     """Piecewise-linear value at ``step`` through ``knots`` (step, value), from (0, 0); past the last, the last."""
     previous = (0, 0.0)

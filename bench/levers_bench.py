@@ -237,14 +237,10 @@ def lane_result(run_dir: Path, budget: float, data_gen_cpu_s: float) -> dict[str
     records = learning_curve.read_metrics(run_dir)
     trains = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
-    tokens = sum(float(r.get("tokens", 0.0)) for r in trains)
+    totals = learning_curve.training_totals(records)
+    tokens, steps, cpu = totals["tokens"], totals["steps"], totals["cpu_s_at_last_step"]
     seconds = sum(float(r["tokens"]) / r["tokens_per_s"] for r in trains if r.get("tokens_per_s"))
-    steps = int(trains[-1]["step"]) if trains else 0
-    cpu = float(trains[-1].get("process_cpu_s") or 0.0) if trains else 0.0
-    per_step = None
-    if len(trains) > 1:  # between the first and the last step: start-up excluded
-        span = int(trains[-1]["step"]) - int(trains[0]["step"])
-        per_step = round((cpu - float(trains[0].get("process_cpu_s") or 0.0)) / max(span, 1), 3)
+    per_step = None if totals["cpu_s_per_step"] is None else round(totals["cpu_s_per_step"], 3)
     final = evals[-1] if evals else {}
     best = max((r.get("eval/acceptance_length") or 0.0 for r in evals), default=None)
     return {
