@@ -845,6 +845,7 @@ def frontier_serve(device: str, sections: dict[str, dict[str, Any]]) -> dict[str
     refuses DFlash2: its V1 runner, expected under ``--cpu-smoke``). A type no vLLM release reads from a
     speculators checkpoint (the unit's ``vllm_unserved``: MTP) is recorded with the unit's reason, not tried."""
     from speculators import algorithms
+    from speculators.format.checkpoint import read_config
 
     python = vllm_host_python()
     out: dict[str, Any] = {}
@@ -863,11 +864,7 @@ def frontier_serve(device: str, sections: dict[str, dict[str, Any]]) -> dict[str
             spec = None
             if unit.vllm_unserved:  # served only from the copy its own loader reads (LiLiCorr)
                 native = unit.vllm_native_copy(draft_dir, draft_dir.with_name(f"{name}-vllm-native"))
-                spec = {
-                    "method": unit.vllm_method,
-                    "model": str(native),
-                    "num_speculative_tokens": FRONTIER_K[name],
-                }
+                spec = unit.vllm_speculative_config(native, read_config(draft_dir), FRONTIER_K[name])
             out[name] = serve_draft_with_vllm(Path(export["verifier"]), draft_dir, device, name, spec=spec)
     return out
 
