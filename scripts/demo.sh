@@ -56,19 +56,18 @@ $PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-pr
     --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" --batch-size 1 -k ${SWEEP_KS} \
     --concurrency 1 "${SWEEP_BATCH}" --no-oracle --threads 1 --dtype float32 --output "${RUN_DIR}/sweep"
 
-stage "export again: speculative_tokens = the sweep's fastest k at one request at a time"
-$PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export" --k-from-eval "${RUN_DIR}/sweep/results.json"
-# the k the export now serves (EVAL_K overrides it for the evaluation only)
-SERVED_K="$($PY -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c["speculators_config"]["proposal_methods"][0]["speculative_tokens"])' "${RUN_DIR}/export/config.json")"
+# the k the export will serve: the sweep's fastest at one request at a time (EVAL_K overrides it for the evaluation
+# only); the export is rewritten with it, and the model card, once the evaluation has run
+SERVED_K="$($PY -c 'import sys; from speculators.export.model_card import k_from_sweep; print(k_from_sweep(sys.argv[1])[0])' "${RUN_DIR}/sweep/results.json")"
 K="${EVAL_K:-${SERVED_K}}"
 
-stage "evaluation at k = ${K} on ${EVAL_PROMPTS} held-out prompts, one request at a time (and ${SWEEP_BATCH} at once): our engine and vLLM on CPU in float32"
+stage "evaluation at k = ${K} on ${EVAL_PROMPTS} held-out prompts, one request at a time: our engine and vLLM on CPU in float32 (and vLLM with every prompt at once)"
 $PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${EVAL_PROMPTS}" \
     --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" --k ${K} --batch-size 1 \
-    --concurrency 1 "${SWEEP_BATCH}" --no-oracle --threads 1 --dtype float32 --vllm \
-    --output "${RUN_DIR}/eval"  # float32: the token-for-token lossless check
+    --no-oracle --threads 1 --dtype float32 --vllm \
+    --output "${RUN_DIR}/eval"  # float32: the token-for-token lossless check; our batched point is the sweep's
 
-stage "model card: export again, with the sweep and the measured results in ${RUN_DIR}/export/README.md"
+stage "export again: speculative_tokens = the sweep's k = ${SERVED_K}, and the model card with the sweep and the measured results (${RUN_DIR}/export/README.md)"
 $PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export" --eval-results "${RUN_DIR}/eval/results.json" \
     --k-from-eval "${RUN_DIR}/sweep/results.json"
 

@@ -68,14 +68,9 @@ def headline(results: dict[str, Any], sweep: dict[str, Any] | None = None) -> li
     if vllm.get("tokens_per_s_one_at_a_time"):
         one += f"; vLLM {_speed(vllm['tokens_per_s_one_at_a_time'], vllm.get('speedup_vs_vllm_plain_one_at_a_time'), 'vLLM without the draft')}"
     lines.append(one)
-    batched = [
-        p
-        for p in own_sweep.get("points") or []
-        if p.get("k") == k and p.get("concurrency") not in (None, batch)
-    ]
     parts = [
-        f"ours {p['concurrency']} at once {_speed(p.get('tokens_per_s'), p.get('speedup'), 'plain')}"
-        for p in batched
+        f"ours {p['concurrency']} at once {_speed(p.get('tokens_per_s'), p.get('speedup'), 'plain')}{where}"
+        for p, where in batched_points(k, batch, own_sweep, sweep)
     ]
     if vllm.get("tokens_per_s"):
         count = (results.get("prompts") or {}).get("count")
@@ -92,6 +87,22 @@ def headline(results: dict[str, Any], sweep: dict[str, Any] | None = None) -> li
             "is accepted, while a GPU verifier of billions of parameters costs tens of draft forwards per forward."
         )
     return lines
+
+
+def batched_points(
+    k: int, batch: int | None, own_sweep: dict[str, Any], sweep: dict[str, Any] | None
+) -> list[tuple[dict[str, Any], str]]:
+    """Our engine's batched points at ``k``, each with where it was measured: this evaluation's own, else (an
+    evaluation run one request at a time only, as ``make demo``'s is, to save its minutes) the k sweep's point at
+    the same k, marked as such since the sweep decoded its own prompts."""
+
+    def at_k(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [p for p in points if p.get("k") == k and p.get("concurrency") not in (None, batch)]
+
+    own = at_k(own_sweep.get("points") or [])
+    if own or not sweep:
+        return [(p, "") for p in own]
+    return [(p, " in the k sweep") for p in at_k(sweep.get("points") or [])]
 
 
 def _times(value: float | None) -> str:

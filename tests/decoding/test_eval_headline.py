@@ -1,7 +1,7 @@
 """What ``make demo`` does after the export, on the tiny Llama and a draft fitted to it: a k x concurrency sweep
 (``--concurrency`` without ``-k`` tries every chain k the draft can draft, with plain decoding at each concurrency),
 ``speculators export --k-from-eval`` serving the sweep's fastest k, an evaluation at that k one request at a time
-with the batched point beside it, and the headline lines the demo prints last (speculators.eval.headline).
+with the sweep's batched point at that k beside it, and the headline lines the demo prints last (speculators.eval.headline).
 
 Every expected figure is recomputed here from ``requests.jsonl`` read as plain JSON, not through the code under test.
 """
@@ -49,9 +49,6 @@ def demo_evals(exported_draft, tmp_path_factory):
         str(served),
         "--batch-size",
         "1",
-        "--concurrency",
-        "1",
-        str(BATCH),
     )
     return sweep, sweep_rows, results, rows, served
 
@@ -81,8 +78,9 @@ def test_a_sweep_without_k_tries_every_k_and_each_point_has_its_plain_speedup(de
 def test_the_demo_evaluates_at_the_served_k_and_the_headline_says_so(demo_evals):
     from speculators.eval.headline import draft_cost_share, headline
 
-    sweep, _, results, rows, served = demo_evals
+    sweep, sweep_rows, results, rows, served = demo_evals
     assert [run["k"] for run in results["runs"]] == [served]
+    assert {r["concurrency"] for r in rows} == {1}  # the demo's evaluation: one request at a time only
     run = results["runs"][0]
     lines = headline(results, sweep["reports"]["k_sweep"])
     assert lines[0].startswith(f"served k = {served}: the sweep's best at one request at a time")
@@ -93,10 +91,13 @@ def test_the_demo_evaluates_at_the_served_k_and_the_headline_says_so(demo_evals)
     plain_c1 = [r for r in rows if r["engine"] == "plain" and r["concurrency"] == 1]
     assert f"ours {_speed(ours_c1):.1f} tok/s ({_speed(ours_c1) / _speed(plain_c1):.2f}x plain)" in lines[1]
     assert lines[1].startswith("  one request at a time")
-    batched = [r for r in rows if r["engine"] == "ours" and r["concurrency"] == BATCH]
-    plain_batched = [r for r in rows if r["engine"] == "plain" and r["concurrency"] == BATCH]
+    # the batched figure beside it: the sweep's point at the served k (the evaluation decoded one at a time only)
+    batched = [
+        r for r in sweep_rows if r["engine"] == "ours" and r["k"] == served and r["concurrency"] == BATCH
+    ]
+    plain_batched = [r for r in sweep_rows if r["engine"] == "plain" and r["concurrency"] == BATCH]
     assert f"ours {BATCH} at once {_speed(batched):.1f} tok/s" in lines[2]
-    assert f"({_speed(batched) / _speed(plain_batched):.2f}x plain)" in lines[2]
+    assert f"({_speed(batched) / _speed(plain_batched):.2f}x plain) in the k sweep" in lines[2]
     share = (run["draft_s"] / run["draft_forwards"]) / (run["verifier_s"] / run["verifier_forwards"])
     assert draft_cost_share(run) == pytest.approx(share)
     assert f"one draft forward costs {share:.0%} of a verifier forward" in lines[3]
@@ -130,3 +131,15 @@ def test_the_export_serves_the_sweeps_k_and_its_card_shows_the_sweep(
     )
     config = json.loads((tmp_path / "export" / "config.json").read_text())
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == served
+
+
+def test_the_batched_figure_is_the_evaluations_own_when_it_measured_one():
+    from speculators.eval.headline import batched_points
+
+    own = {"points": [{"k": 2, "concurrency": 1}, {"k": 2, "concurrency": 4}, {"k": 3, "concurrency": 4}]}
+    sweep = {"points": [{"k": 2, "concurrency": 8}]}
+    assert batched_points(2, 1, own, sweep) == [({"k": 2, "concurrency": 4}, "")]
+    assert batched_points(2, 1, {"points": own["points"][:1]}, sweep) == [
+        ({"k": 2, "concurrency": 8}, " in the k sweep")
+    ]
+    assert batched_points(2, 1, {"points": []}, None) == []
