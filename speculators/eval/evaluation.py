@@ -18,7 +18,7 @@ import platform
 import re
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -764,26 +764,63 @@ def _vllm_runs(
 def _vllm_results(requests: list[Any], one_at_a_time: bool) -> tuple[list[Any], dict[str, dict[str, Any]]]:
     """Each request's results with every prompt submitted at once (vLLM batches them: the batched figure), and
     with ``one_at_a_time`` (our engine's ``--batch-size 1``) also each request's prompts submitted one after the
-    other on the same engine: ``{name: {"tokens_per_s_one_at_a_time", "generated_tokens_one_at_a_time"}}``, the
-    figure a single user sees, which the batched one overstates wherever a batch fills idle cores."""
-    from speculators.serving.vllm_bridge import VllmSession, run_vllm
+    other: ``{name: {"tokens_per_s_one_at_a_time", "generated_tokens_one_at_a_time", "interleaved"}}``, the figure
+    a single user sees, which the batched one overstates wherever a batch fills idle cores.
+
+    On a CPU host every request keeps its own engine loaded (a worker each) and the prompts are timed interleaved
+    (:func:`interleaved_schedule`): a shared host's speed drifts by several per cent over the minutes of a run,
+    which, timed one engine after the other, lands on whichever side ran later; interleaved, the drift slows both
+    sides of each speed-up alike. The cost: one vLLM import and engine per request instead of one import. On a GPU two engines would compete for its memory: the
+    requests then run one after the other on one worker, as on a CPU with a single request."""
+    from speculators.serving.vllm_bridge import VllmSession, host_device_kind, run_vllm
 
     if not one_at_a_time:
         return run_vllm(requests), {}
-    results, alone = [], {}
-    with VllmSession() as session:
-        for request in requests:
-            results.append(session.run(request))  # warms the engine up first (request.warmup)
-            tokens = seconds = 0.0
-            for prompt in request.prompts:
-                one = session.run(replace(request, prompts=[prompt], warmup=False, name=f"{request.name}@c1"))
-                tokens += one.num_generated_tokens
-                seconds += one.wall_seconds
-            alone[request.name] = {
-                "tokens_per_s_one_at_a_time": tokens / seconds if seconds else None,
-                "generated_tokens_one_at_a_time": int(tokens),
-            }
-    return results, alone
+    interleave = len(requests) > 1 and host_device_kind() == "cpu"
+    prompts = requests[0].prompts if requests else []
+    if any(request.prompts != prompts for request in requests):
+        raise ValueError("one-at-a-time timing compares requests over the same prompts")
+    tokens, seconds = [0] * len(requests), [0.0] * len(requests)
+    with ExitStack() as stack:
+        workers = [stack.enter_context(VllmSession()) for _ in (requests if interleave else requests[:1])]
+        engine = workers if interleave else workers * len(requests)  # each request's worker
+        results: list[Any] = []
+
+        def alone(index: int, prompt: Any) -> None:
+            request = requests[index]
+            one = engine[index].run(
+                replace(request, prompts=[prompt], warmup=False, name=f"{request.name}@c1")
+            )
+            tokens[index] += one.num_generated_tokens
+            seconds[index] += one.wall_seconds
+
+        if interleave:
+            results = [worker.run(request) for worker, request in zip(engine, requests, strict=True)]
+            for prompt_index, request_index in interleaved_schedule(len(requests), len(prompts)):
+                alone(request_index, prompts[prompt_index])
+        else:
+            for index, request in enumerate(requests):
+                results.append(engine[index].run(request))  # warms the engine up first (request.warmup)
+                for prompt in prompts:
+                    alone(index, prompt)
+    return results, {
+        request.name: {
+            "tokens_per_s_one_at_a_time": tokens[i] / seconds[i] if seconds[i] else None,
+            "generated_tokens_one_at_a_time": int(tokens[i]),
+            "interleaved": interleave,
+        }
+        for i, request in enumerate(requests)
+    }
+
+
+def interleaved_schedule(requests: int, prompts: int) -> list[tuple[int, int]]:
+    """``(prompt, request)`` pairs: each prompt on every request's engine back to back, the engines' order reversed
+    on every other prompt, so that no engine always runs first (ABBA: a linear drift cancels in each pair)."""
+    schedule = []
+    for prompt in range(prompts):
+        order = range(requests) if prompt % 2 == 0 else reversed(range(requests))
+        schedule += [(prompt, request) for request in order]
+    return schedule
 
 
 def write_results(results: dict[str, Any], output_dir: Path, rows: list[Request] | None = None) -> None:

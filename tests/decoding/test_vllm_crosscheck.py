@@ -205,8 +205,8 @@ def _prompts_of(pair, count):
 
 
 def test_vllm_one_request_at_a_time_beside_the_batch(served_pair):
-    """``--batch-size 1`` (the demo's): vLLM is also timed with the prompts submitted one after the other on the
-    same engine, generating the same greedy tokens as the batch, and the speed-up one request at a time is against
+    """``--batch-size 1`` (the demo's): vLLM is also timed with the prompts submitted one after the other, each
+    engine's turn interleaved with the other's, generating the same greedy tokens as the batch, and the speed-up one request at a time is against
     vLLM's own plain decoding one request at a time."""
     from speculators.eval.evaluation import EvalSettings, _vllm_runs
 
@@ -217,8 +217,20 @@ def test_vllm_one_request_at_a_time_beside_the_batch(served_pair):
     for name in ("plain", "chain-k2"):
         assert vllm[name]["generated_tokens_one_at_a_time"] == vllm[name]["generated_tokens"]
         assert vllm[name]["tokens_per_s_one_at_a_time"] > 0
+        assert vllm[name]["interleaved"] is True  # a CPU host: both engines loaded, the prompts timed in turn
     chain, plain = vllm["chain-k2"], vllm["plain"]
     assert chain["speedup_vs_vllm_plain_one_at_a_time"] == pytest.approx(
         chain["tokens_per_s_one_at_a_time"] / plain["tokens_per_s_one_at_a_time"]
     )
     assert chain["speedup_vs_vllm_plain"] == pytest.approx(chain["tokens_per_s"] / plain["tokens_per_s"])
+
+
+def test_the_interleaved_schedule_runs_each_prompt_on_every_engine_in_alternating_order():
+    from speculators.eval.evaluation import interleaved_schedule
+
+    schedule = interleaved_schedule(2, 4)
+    assert schedule == [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0), (2, 1), (3, 1), (3, 0)]
+    three = interleaved_schedule(3, 5)
+    assert sorted(three) == [(p, r) for p in range(5) for r in range(3)]  # every pair exactly once
+    firsts = [three[i * 3][1] for i in range(5)]
+    assert firsts == [0, 2, 0, 2, 0]  # no engine always first
