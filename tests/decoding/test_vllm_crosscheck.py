@@ -205,8 +205,8 @@ def _prompts_of(pair, count):
 
 
 def test_vllm_one_request_at_a_time_beside_the_batch(served_pair):
-    """``--batch-size 1`` (the demo's): vLLM is also timed with the prompts submitted one after the other, each
-    engine's turn interleaved with the other's, generating the same greedy tokens as the batch, and the speed-up one request at a time is against
+    """``--batch-size 1`` (the demo's): vLLM is also timed with the prompts submitted one after the other on the
+    same engine, generating the same greedy tokens as the batch, and the speed-up one request at a time is against
     vLLM's own plain decoding one request at a time."""
     from speculators.eval.evaluation import EvalSettings, _vllm_runs
 
@@ -217,7 +217,7 @@ def test_vllm_one_request_at_a_time_beside_the_batch(served_pair):
     for name in ("plain", "chain-k2"):
         assert vllm[name]["generated_tokens_one_at_a_time"] == vllm[name]["generated_tokens"]
         assert vllm[name]["tokens_per_s_one_at_a_time"] > 0
-        assert vllm[name]["interleaved"] is True  # a CPU host: both engines loaded, the prompts timed in turn
+        assert vllm[name]["interleaved"] is False  # one engine after the other (the A/A-checked method)
     chain, plain = vllm["chain-k2"], vllm["plain"]
     assert chain["speedup_vs_vllm_plain_one_at_a_time"] == pytest.approx(
         chain["tokens_per_s_one_at_a_time"] / plain["tokens_per_s_one_at_a_time"]
@@ -234,3 +234,22 @@ def test_the_interleaved_schedule_runs_each_prompt_on_every_engine_in_alternatin
     assert sorted(three) == [(p, r) for p in range(5) for r in range(3)]  # every pair exactly once
     firsts = [three[i * 3][1] for i in range(5)]
     assert firsts == [0, 2, 0, 2, 0]  # no engine always first
+
+
+def test_interleaved_timing_keeps_an_engine_per_request_and_times_every_prompt_on_each(served_pair):
+    """The bench's interleaved method (bench/vllm_timing_bench.py): both engines loaded, each prompt timed on each,
+    the same greedy tokens as the batch."""
+    from dataclasses import replace
+
+    from speculators.eval.evaluation import EvalSettings, time_vllm_requests, vllm_requests
+
+    verifier_dir, draft_dir = served_pair
+    prompts = _prompts_of(served_pair, 2)
+    plain, chain = vllm_requests(
+        draft_dir, str(verifier_dir), prompts, EvalSettings(ks=[2], max_new_tokens=8)
+    )
+    results, alone = time_vllm_requests([plain, replace(chain, name="draft")], True, interleave=True)
+    assert [r.name for r in results] == ["plain", "draft"]
+    for result in results:
+        assert alone[result.name]["interleaved"] is True
+        assert alone[result.name]["generated_tokens_one_at_a_time"] == result.num_generated_tokens
