@@ -705,9 +705,7 @@ def _vllm_runs(
             stacklevel=2,
         )
     requests = vllm_requests(draft_dir, verifier_name, prompts, settings, dtype)
-    chains = [
-        (request.name, request.speculative_config) for request in requests if request.speculative_config
-    ]
+    drafted = [request.name for request in requests if request.speculative_config]
     out = {}
     results, one_at_a_time = time_vllm_requests(requests, settings.batch_size == 1)
     for result in results:
@@ -728,7 +726,7 @@ def _vllm_runs(
     plain = out.get("plain")
     if plain is not None:
         del plain["token_ids"], plain["requests"]
-        for name, _ in chains:
+        for name in drafted:
             for key, speedup in (
                 ("tokens_per_s", "speedup_vs_vllm_plain"),
                 ("tokens_per_s_one_at_a_time", "speedup_vs_vllm_plain_one_at_a_time"),
@@ -799,29 +797,32 @@ def time_vllm_requests(
     prompts = requests[0].prompts if requests else []
     if any(request.prompts != prompts for request in requests):
         raise ValueError("one-at-a-time timing compares requests over the same prompts")
-    tokens, seconds = [0] * len(requests), [0.0] * len(requests)
+    count = len(requests)
+    # (prompt, request) steps; prompt None: the request's batched run, which also warms its engine up
+    batched: list[tuple[int | None, int]] = [(None, index) for index in range(count)]
+    if interleave:
+        schedule = [*batched, *interleaved_schedule(count, len(prompts))]
+    else:
+        schedule = [
+            step
+            for index in range(count)
+            for step in [batched[index], *((p, index) for p in range(len(prompts)))]
+        ]
+    results: list[Any] = [None] * count
+    tokens, seconds = [0] * count, [0.0] * count
     with ExitStack() as stack:
-        workers = [stack.enter_context(VllmSession()) for _ in (requests if interleave else requests[:1])]
-        engine = workers if interleave else workers * len(requests)  # each request's worker
-        results: list[Any] = []
-
-        def alone(index: int, prompt: Any) -> None:
+        workers = [stack.enter_context(VllmSession()) for _ in range(count if interleave else 1)]
+        worker_of = workers if interleave else workers * count
+        for prompt, index in schedule:
             request = requests[index]
-            one = engine[index].run(
-                replace(request, prompts=[prompt], warmup=False, name=f"{request.name}@c1")
+            if prompt is None:
+                results[index] = worker_of[index].run(request)
+                continue
+            one = worker_of[index].run(
+                replace(request, prompts=[prompts[prompt]], warmup=False, name=f"{request.name}@c1")
             )
             tokens[index] += one.num_generated_tokens
             seconds[index] += one.wall_seconds
-
-        if interleave:
-            results = [worker.run(request) for worker, request in zip(engine, requests, strict=True)]
-            for prompt_index, request_index in interleaved_schedule(len(requests), len(prompts)):
-                alone(request_index, prompts[prompt_index])
-        else:
-            for index, request in enumerate(requests):
-                results.append(engine[index].run(request))  # warms the engine up first (request.warmup)
-                for prompt in prompts:
-                    alone(index, prompt)
     return results, {
         request.name: {
             "tokens_per_s_one_at_a_time": tokens[i] / seconds[i] if seconds[i] else None,
