@@ -43,7 +43,7 @@ from typing import Any
 
 from bench import levers_bench
 from bench.levers_bench import NEVER, PY, data_command, data_summary, lane_result, run_measured_wave
-from bench.record import DEMO_RECIPE_AS_MEASURED, REPO, num, pct
+from bench.record import REPO, as_measured, num, pct
 from speculators.atomic import atomic_write_json
 from speculators.local_paths import scrub
 
@@ -197,7 +197,7 @@ def train_command(lane: Lane, size: Size, data_dir: Path, root: Path) -> list[st
         PY,
         "train/run.py",
         f"recipe={RECIPES[lane.drafter]}",
-        *(DEMO_RECIPE_AS_MEASURED if RECIPES[lane.drafter] == "eagle3_smollm2" else []),
+        *as_measured(RECIPES[lane.drafter]),
         f"train.data_dir={data_dir}",
         f"run_dir={root / 'runs' / lane.name}",
         "logging=disabled",

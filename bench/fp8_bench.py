@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.record import DEMO_RECIPE_AS_MEASURED, REPO, flat_figures
+from bench.record import REPO, as_measured, flat_figures
 
 PY = sys.executable
 RECIPE = "eagle3_smollm2"
@@ -96,7 +96,7 @@ def train_command(data: Path, run_dir: Path, epochs: int, seed: int) -> list[str
         PY,
         "train/run.py",
         f"recipe={RECIPE}",
-        *DEMO_RECIPE_AS_MEASURED,
+        *as_measured(RECIPE),
         f"train.data_dir={data}",
         f"run_dir={run_dir}",
         f"train.epochs={epochs}",

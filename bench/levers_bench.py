@@ -46,7 +46,7 @@ from typing import Any
 from bench import learning_curve
 from bench.acceptance_bench import run_wave
 from bench.machine_load import LoadWindow
-from bench.record import DEMO_RECIPE_AS_MEASURED, REPO, machine, num, pct
+from bench.record import REPO, as_measured, machine, num, pct
 from speculators.atomic import atomic_write_json
 from speculators.local_paths import scrub
 
@@ -165,7 +165,7 @@ def train_command(lane: Lane, size: Size, data_dir: Path, run_dir: Path, extra: 
         PY,
         "train/run.py",
         f"recipe={RECIPE}",
-        *DEMO_RECIPE_AS_MEASURED,
+        *as_measured(RECIPE),
         f"train.data_dir={data_dir}",
         f"run_dir={run_dir}",
         "logging=disabled",

@@ -22,7 +22,14 @@ MACHINE_KEYS = ("machine", "host", "environment")  # where the bench scripts (ol
 # The demo recipe (eagle3_smollm2) as the benches built on it measured it. It now trains make demo's k = 1 draft (TTT 1,
 # out-of-vocab targets kept, validated at k = 1); a bench that trains it puts these first, so its lanes keep the TTT-2
 # draft with out-of-vocab targets dropped, validated at k = 3, that its results record (its own overrides still win)
+DEMO_RECIPE = "eagle3_smollm2"
 DEMO_RECIPE_AS_MEASURED = ["train.ttt_steps=2", "train.mask_out_of_vocab=true", "eval.k=3"]
+
+
+def as_measured(recipe: str) -> list[str]:
+    """The overrides a bench puts first when it trains ``recipe``: :data:`DEMO_RECIPE_AS_MEASURED` for the demo
+    recipe, nothing for any other (their own files pin what they were measured with)."""
+    return list(DEMO_RECIPE_AS_MEASURED) if recipe == DEMO_RECIPE else []
 
 
 # ---- the machine of a result ---------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from bench.machine_load import LoadWindow
-from bench.record import DEMO_RECIPE_AS_MEASURED, REPO, bullet, num
+from bench.record import DEMO_RECIPE, REPO, as_measured, bullet, num
 from bench.record import machine as bench_machine
 from speculators.atomic import atomic_write_json
 
@@ -46,8 +46,8 @@ def compose(overrides: list[str]):
 
 def recipe(root: Path, args: argparse.Namespace, mode: str) -> list[str]:
     return [
-        "recipe=eagle3_smollm2",
-        *DEMO_RECIPE_AS_MEASURED,
+        f"recipe={DEMO_RECIPE}",
+        *as_measured(DEMO_RECIPE),
         f"data.max_conversations={args.conversations}",
         "data.heldout_fraction=0.0",  # no held-out evaluation inside the timed window
         "model.fc_init=default",  # its statistics would come from held-out samples in stream mode

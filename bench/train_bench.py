@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from bench.record import DEMO_RECIPE_AS_MEASURED, REPO, bullet
+from bench.record import REPO, as_measured, bullet
 from train.memory_plan import LiveBytes
 from train.ttt_attention import chunked_ttt_attention, dense_ttt_attention
 
@@ -108,7 +108,7 @@ def train_throughput(
     run_dir = data_dir.parent / f"run-{recipe}-{threads or 'default'}-{dtype}{tag}"
     overrides = [
         f"recipe={recipe}",
-        *(DEMO_RECIPE_AS_MEASURED if recipe == "eagle3_smollm2" else []),
+        *as_measured(recipe),
         f"train.data_dir={data_dir}",
         f"run_dir={run_dir}",
         f"train.max_steps={steps}",

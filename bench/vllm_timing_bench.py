@@ -39,7 +39,9 @@ METHODS = ("sequential", "interleaved")
 PAIRS = ("aa", "ab")
 
 
-def demo_inputs(draft: Path, data: Path, count: int) -> tuple[list[list[int]], str, int]:
+def demo_inputs(
+    draft: Path, data: Path, count: int, max_prompt_tokens: int
+) -> tuple[list[list[int]], str, int]:
     """The token prompts, the verifier and the k the demo's evaluation uses (its held-out chats, as it cuts them)."""
     from transformers import AutoTokenizer
 
@@ -51,7 +53,7 @@ def demo_inputs(draft: Path, data: Path, count: int) -> tuple[list[list[int]], s
     verifier = config["speculators_config"]["verifier"]["name_or_path"]
     k = int(config["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
     tokenizer = AutoTokenizer.from_pretrained(resolve_verifier_path(verifier))
-    prompts = select_prompts(tokenizer, load_prompts(data), 384, count)[0]
+    prompts = select_prompts(tokenizer, load_prompts(data), max_prompt_tokens, count)[0]
     return prompts, verifier, k
 
 
@@ -92,6 +94,9 @@ def run(argv: list[str] | None = None) -> int:
         "--data", type=Path, default=DEMO_RUN / "data", help="data_gen dir with held-out chats"
     )
     parser.add_argument("--prompts", type=int, default=8, help="the demo's evaluation prompts")
+    parser.add_argument(
+        "--max-prompt-tokens", type=int, default=384, help="chats cut back as the demo's (EVAL_PROMPT_TOKENS)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--pairs", nargs="+", choices=PAIRS, default=list(PAIRS), help="aa: the control; ab")
@@ -100,7 +105,7 @@ def run(argv: list[str] | None = None) -> int:
     if not (args.draft / "config.json").is_file():
         parser.error(f"{args.draft}: no exported draft there; run `make demo` first or pass --draft")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    prompts, verifier, k = demo_inputs(args.draft, args.data, args.prompts)
+    prompts, verifier, k = demo_inputs(args.draft, args.data, args.prompts, args.max_prompt_tokens)
     runs = []
     for repeat in range(args.repeats):
         for method in METHODS if repeat % 2 == 0 else METHODS[::-1]:
