@@ -97,7 +97,8 @@ class DraftAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         out = attend(q, k, v)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        # the width named, not -1: an empty sequence (a P-EAGLE depth no sampled chain reaches) reshapes too
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
     def project_kv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

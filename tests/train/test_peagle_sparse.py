@@ -6,6 +6,7 @@ so the comparison can see a wrong context."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -144,3 +145,22 @@ def test_sampled_training_resumes_exactly(sharp_verifier, tiny_data, tmp_path):
     assert len(full_losses) == 8 and resumed_losses == full_losses[4:]  # 2 steps per epoch (grad_accum 2)
     for name, weight in full_weights.items():
         assert torch.equal(weight, resumed_weights[name]), name
+
+
+def test_a_depth_without_sampled_elements_still_runs_and_matches_the_full_unroll(setting):
+    """Targets two apart leave no chain past depth 1 (depth d of anchor t needs the targets t+1..t+d+1): the deeper
+    depths run empty (every parameter still takes part) and the loss is still the full unroll's."""
+    objective, model, head, batch = setting
+    every_other = batch.loss_mask.clone()
+    every_other[:, 1::2] = False
+    sparse_batch = replace(batch, loss_mask=every_other)
+    plan = objective.plan(sparse_batch, sparse_batch.loss_mask, head, seed=5)
+    counts = [int(e.numel()) for e in plan.extra["elements"]]
+    assert counts[0] > 0 and counts[-1] == 0, counts
+
+    sparse_loss, sparse_grads, _ = loss_and_grads(objective, model, head, sparse_batch, plan)
+    dense_loss, dense_grads, _ = loss_and_grads(
+        objective, model, head, sparse_batch, Plan(plan.masks, plan.needed, {})
+    )
+    assert torch.allclose(sparse_loss, dense_loss, rtol=1e-5, atol=1e-6), (sparse_loss, dense_loss)
+    assert set(sparse_grads) == set(dense_grads)
