@@ -1,13 +1,15 @@
 """Benchmark of the training stage.
 
-1. Training throughput of the SmolLM2 draft (the ``eagle3_smollm2`` recipe: hidden 576, 9/3 heads, draft vocab
-   8192, 3 TTT steps, packed micro batches of 4 × 512 tokens) through the real trainer loop on this machine, fp32,
-   single process: optimizer steps/s and tokens/s. Features are random tensors of SmolLM2's shapes written with
-   data_gen's store (their values do not change the cost); the targets come from the real SmolLM2 final norm and
-   lm_head. Measured with 1 intra-op thread and with torch's default.
-   Then the step cost of the demo recipes (EAGLE-3 and P-EAGLE, one sample per step, 1 thread, the `auto` dtype)
-   with each cost lever off and on: torch's per-tensor AdamW loop vs its fused kernel, and training without the
-   full-vocabulary argmax (out-of-vocab targets kept).
+1. Training throughput of the SmolLM2 draft (the ``eagle3_smollm2`` recipe as the benches measured it,
+   ``bench.record.as_measured``: hidden 576, 9/3 heads, draft vocab 8192, 2 TTT steps, micro batches of 4 samples
+   of 512 tokens) through the real trainer loop on this machine, fp32, single process: optimizer steps/s and
+   tokens/s. Features are random tensors of SmolLM2's shapes written with data_gen's store (their values do not
+   change the cost); the targets come from the real SmolLM2 final norm and lm_head. Measured with 1 intra-op thread
+   and with torch's default.
+   Then the step cost of the demo recipes as they are now (EAGLE-3 and P-EAGLE, one sample per step, 1 thread, the
+   `auto` dtype) with each cost lever set either way: torch's per-tensor AdamW loop vs its fused kernel, and the
+   full-vocabulary argmax (out-of-vocab targets dropped) vs none (kept). One lever setting of each pair is the
+   recipe's own, so that row repeats the default: how far it lands from 1.00 is the measurement's noise.
 2. Peak memory of the TTT attention (forward + backward, k = 3 steps, SmolLM2's head layout) as the sequence length
    doubles, for the linear-memory ``chunked`` implementation and the naive dense-mask reference. Counted as live
    tensor bytes (train.memory_plan.LiveBytes), exact and allocator-independent. The chunked ratio per doubling
@@ -23,8 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +34,7 @@ from typing import Any
 
 import torch
 
-from bench.record import REPO, as_measured, bullet
+from bench.record import REPO, as_measured, bullet, machine, write_result
 from train.memory_plan import LiveBytes
 from train.ttt_attention import chunked_ttt_attention, dense_ttt_attention
 
@@ -97,10 +99,12 @@ def train_throughput(
     tag: str = "",
     recipe: str = "eagle3_smollm2",
     extra: list[str] | None = None,
+    pinned: bool = True,
 ) -> dict:
     """Steps/s and tokens/s of the real trainer on ``data_dir`` in ``dtype`` (train.dtype: fp32 | bf16 | auto);
     ``tag`` keeps the run directories of repeated measurements apart; ``extra``: the batch shape and any other
-    overrides (default :data:`THROUGHPUT_SHAPE`)."""
+    overrides (default :data:`THROUGHPUT_SHAPE`); ``pinned``: the recipe as the benches measured it
+    (``bench.record.as_measured``) rather than as it is now."""
     from hydra import compose, initialize_config_dir
 
     from train.trainer import reset_distributed, train
@@ -108,7 +112,7 @@ def train_throughput(
     run_dir = data_dir.parent / f"run-{recipe}-{threads or 'default'}-{dtype}{tag}"
     overrides = [
         f"recipe={recipe}",
-        *as_measured(recipe),
+        *(as_measured(recipe) if pinned else []),
         f"train.data_dir={data_dir}",
         f"run_dir={run_dir}",
         f"train.max_steps={steps}",
@@ -145,13 +149,15 @@ def train_throughput(
     }
 
 
-# step cost: what one optimizer step of each recipe costs with and without a change, at the recipe's own batch
-# (one 512-token sample), one thread, the compute dtype `auto` picks, repeats interleaved
+# step cost: what one optimizer step of each recipe (as it is now, no bench pins) costs with each lever set either
+# way, at the recipe's own batch (one 512-token sample), one thread, the compute dtype `auto` picks, repeats
+# interleaved
 STEP_COST_RECIPES = ("eagle3_smollm2", "peagle_smollm2")
 STEP_COST_VARIANTS = {
     "default": [],
     "per_tensor_adamw": ["optim.fused=false"],  # torch's default AdamW loop on a CPU
-    "out_of_vocab_kept": ["train.mask_out_of_vocab=false"],  # no full-vocabulary argmax in training
+    "out_of_vocab_dropped": ["train.mask_out_of_vocab=true"],  # the full-vocabulary argmax in every step
+    "out_of_vocab_kept": ["train.mask_out_of_vocab=false"],  # no full-vocabulary argmax
 }
 
 
@@ -165,7 +171,9 @@ def step_costs(data_dir: Path, steps: int, repeats: int = 2) -> dict[str, Any]:
         for recipe in STEP_COST_RECIPES:
             for variant, overrides in STEP_COST_VARIANTS.items():
                 shape = ["train.max_length=512", "train.micro_batch_size=1", *overrides]
-                got = train_throughput(data_dir, steps, 1, "auto", f"-{variant}-{repeat}", recipe, shape)
+                got = train_throughput(
+                    data_dir, steps, 1, "auto", f"-{variant}-{repeat}", recipe, shape, pinned=False
+                )
                 runs[recipe][variant].append(got["seconds_per_step_median"])
     table = {}
     for recipe, variants in runs.items():
@@ -179,8 +187,9 @@ def step_costs(data_dir: Path, steps: int, repeats: int = 2) -> dict[str, Any]:
             for variant, times in variants.items()
         }
     return {
-        "how": "the real trainer, 1 thread, train.dtype=auto, one 512-token sample per step (the recipes' own "
-        f"batch), {steps} steps per run (the first excluded), {repeats} interleaved repeats",
+        "how": "the real trainer, each recipe as it is now, 1 thread, train.dtype=auto, one 512-token sample per "
+        f"step (the recipes' own batch), {steps} steps per run (the first excluded), {repeats} interleaved repeats; "
+        "the variant equal to a recipe's own setting repeats its default (the noise)",
         "variants": {name: overrides for name, overrides in STEP_COST_VARIANTS.items()},
         "recipes": table,
     }
@@ -251,12 +260,10 @@ def run(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results: dict = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "load_average_at_start": os.getloadavg(),
-        }
+        "command": " ".join(
+            [".venv/bin/python", "bench/train_bench.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "machine": {**machine(), "load_average_at_start": os.getloadavg()},
     }
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
@@ -273,9 +280,7 @@ def run(argv: list[str] | None = None) -> None:
     results["machine"]["load_average_at_end"] = os.getloadavg()
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = output.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(results, indent=2) + "\n")
-    tmp_out.replace(output)
+    write_result(output, results)
     print(json.dumps(results, indent=2))
 
 
