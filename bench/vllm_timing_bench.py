@@ -5,9 +5,10 @@ do it, each run here on the same prompts (the demo's held-out chats, cut back to
 demo's export, at its ``speculative_tokens``):
 
 - ``sequential``: both engines in one worker, one after the other (each prompt on the first engine, then each on the
-  second), which is how the evaluation timed them before;
+  second): how the evaluation times them;
 - ``interleaved``: each engine in its own worker, both loaded, the prompts timed in turn, the order reversed on
-  every other prompt (:func:`speculators.eval.evaluation.interleaved_schedule`), how it times them now on a CPU.
+  every other prompt (:func:`speculators.eval.evaluation.interleaved_schedule`), meant to cancel a host's drifting
+  speed; the evaluation uses it only on request, because its A/A control measured the second worker faster.
 
 Two pairs for each: A/A, vLLM without the draft against itself (a method without bias gives 1.00: the control), and
 A/B, the draft against no draft (the speed-up). With ``--repeats`` above 1 the methods alternate which runs first.
