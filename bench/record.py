@@ -77,6 +77,12 @@ def write_result(path: Path, result: dict[str, Any]) -> Path:
     return path
 
 
+def command(script: str, argv: list[str] | None = None) -> str:
+    """The command line a result records: the repo's interpreter, ``script`` (repo-relative) and its arguments
+    (``argv`` as passed to the bench's ``run``, else this process's own)."""
+    return " ".join([".venv/bin/python", script, *(argv if argv is not None else sys.argv[1:])])
+
+
 # ---- the pieces of a SUMMARY.md section ------------------------------------------------------------------------
 def grid(title: str, rows: dict[str, dict[str, Any]], ks: list[str], cell: Callable[[Any], Any]) -> list[str]:
     """A drafter x k markdown table; a k a drafter was not run at is an empty cell."""

