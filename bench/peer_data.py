@@ -25,8 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from data_gen.store import FeatureDataset, read_manifest, read_token_counts
-from speculators.atomic import atomic_write_json, fsync_replace, temp_sibling
-from speculators.format.checkpoint import atomic_directory
+from speculators.atomic import atomic_directory, atomic_write_json, fsync_replace, temp_sibling
 from speculators.vocab import DraftVocab, build_draft_vocab
 
 CONVERSION_NAME = "conversion.json"

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from bench.peer_algorithms import PeerAlgorithm
 from bench.record import REPO
-from speculators.format.checkpoint import atomic_directory
+from speculators.atomic import atomic_directory
 from speculators.format.validate import errors, validate_checkpoint
 from speculators.local_paths import scrub
 from speculators.serving.speculators_package import speculators_package_python

@@ -51,10 +51,11 @@ stage "training the draft (${RECIPE}) -> ${RUN_DIR}/checkpoints"
 stage "export: best checkpoint (by acceptance length) -> ${RUN_DIR}/export (speculators format, validated before it lands)"
 $PY -m speculators export "${RUN_DIR}" "${RUN_DIR}/export"
 
+# --overwrite: a rerun of the demo refreshes its own sweep and evaluation (eval never replaces results unasked)
 stage "k sweep: our engine at k = ${SWEEP_KS}, one request at a time and ${SWEEP_BATCH} at once, ${SWEEP_PROMPTS} prompts -> ${RUN_DIR}/sweep"
 $PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${SWEEP_PROMPTS}" \
     --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" --batch-size 1 -k ${SWEEP_KS} \
-    --concurrency 1 "${SWEEP_BATCH}" --no-oracle --threads 1 --dtype float32 --output "${RUN_DIR}/sweep"
+    --concurrency 1 "${SWEEP_BATCH}" --no-oracle --threads 1 --dtype float32 --overwrite --output "${RUN_DIR}/sweep"
 
 # the k the export will serve: the sweep's fastest at one request at a time (EVAL_K overrides it for the evaluation
 # only); the export is rewritten with it, and the model card, once the evaluation has run
@@ -64,7 +65,7 @@ K="${EVAL_K:-${SERVED_K}}"
 stage "evaluation at k = ${K} on ${EVAL_PROMPTS} held-out prompts, one request at a time: our engine and vLLM on CPU in float32 (and vLLM with every prompt at once)"
 $PY -m speculators eval "${RUN_DIR}/export" --prompts "${RUN_DIR}/data" --max-prompts "${EVAL_PROMPTS}" \
     --max-prompt-tokens "${EVAL_PROMPT_TOKENS}" --max-new-tokens "${EVAL_TOKENS}" --k ${K} --batch-size 1 \
-    --no-oracle --threads 1 --dtype float32 --vllm \
+    --no-oracle --threads 1 --dtype float32 --vllm --overwrite \
     --output "${RUN_DIR}/eval"  # float32: the token-for-token lossless check; our batched point is the sweep's
 
 stage "export again: speculative_tokens = the sweep's k = ${SERVED_K}, and the model card with the sweep and the measured results (${RUN_DIR}/export/README.md)"

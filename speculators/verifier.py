@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
-from speculators.atomic import atomic_write_text
-from speculators.format.checkpoint import atomic_directory, weight_files
+from speculators.atomic import atomic_directory, atomic_write_text
+from speculators.format.checkpoint import open_weights, weight_files
 from speculators.precision import choose
 
 EMBEDDED_NAME = "smollm2"
@@ -244,7 +243,7 @@ def read_verifier_tensor(verifier_dir: str | Path, names: tuple[str, ...]) -> to
     for path in files:
         if path.suffix != ".safetensors":
             continue
-        with safe_open(str(path), framework="pt") as handle:
+        with open_weights(path) as handle:
             for name in names:
                 if name in handle.keys():
                     return handle.get_tensor(name)
@@ -279,7 +278,7 @@ def read_verifier_tensors(name_or_path: str, wanted: dict[str, tuple[str, ...]])
     handles = [path for path in files if path.suffix == ".safetensors"]
     stored: dict[str, torch.Tensor] = {}  # the first file holding any alias wins, its first alias in order
     for path in handles:
-        with safe_open(str(path), framework="pt") as handle:
+        with open_weights(path) as handle:
             present = set(handle.keys())
             for key, aliases in wanted.items():
                 alias = next((a for a in aliases if a in present), None)

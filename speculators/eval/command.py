@@ -100,7 +100,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--vllm", action="store_true", help="also run the chains through vLLM and report both"
     )
     parser.add_argument(
-        "--output", default="eval_results", help="directory for results.json and acceptance.png"
+        "--output",
+        default="eval_results",
+        help="directory of its own for results.json, requests.jsonl and acceptance.png (written whole at the end)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace earlier results in --output (without it an evaluation never overwrites them)",
     )
     parser.set_defaults(func=run)
 
@@ -159,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.output),
         dtype=args.dtype,
         device=args.device,
+        overwrite=args.overwrite,
     )
     print(format_table(results))
     out = Path(args.output)

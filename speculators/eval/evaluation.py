@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 from speculators import algorithms
-from speculators.atomic import atomic_write_json
+from speculators.atomic import atomic_directory, atomic_write_json
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, plain_generate
 from speculators.decoding.drafters import default_k
 from speculators.eval.plot import algorithm_name
@@ -36,6 +36,7 @@ from speculators.eval.suites import CHATS, PromptLabel, labelled_chats
 from speculators.eval.suites import provenance as suite_provenance
 from speculators.eval.table import REQUESTS_NAME, Request, as_stats, reports, write_requests
 from speculators.models.draft import DraftModel
+from speculators.outputs import EVAL_OUTPUT, check_output_dir
 from speculators.precision import choose, dtype_name
 
 RESULTS_NAME = "results.json"
@@ -71,6 +72,14 @@ class EvalSettings:
     # default in `speculators eval`, off for API callers such as the benches, whose time budgets predate it)
     oracle: bool = False
     concurrencies: list[int] | None = None  # the k x concurrency sweep (our engine); None: batch_size alone
+
+    def __post_init__(self) -> None:
+        """A sampling setting the engine would misread is refused here (a temperature of -1 used to run greedy and
+        be recorded as -1 in results.json)."""
+        if self.temperature < 0:
+            raise ValueError(f"--temperature {self.temperature}: use 0 (greedy) or a positive temperature")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p {self.top_p}: use a value in (0, 1] (1 keeps every token)")
 
     def for_draft(self, draft: DraftModel) -> EvalSettings:
         """These settings with ``ks`` filled in from the draft when none were given: its default k, or with a k x
@@ -159,11 +168,17 @@ def evaluate(
     output_dir: Path | None = None,
     dtype: str = "auto",
     device: str = "cpu",
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``draft`` (a checkpoint or run directory, or a loaded draft) against ``verifier`` (a name/path, or
     a loaded ``(model, tokenizer)``; default: the verifier named in the draft's config) on ``prompts`` (a chat
     JSONL or data_gen output directory, message lists, or ``None`` for the shipped set). Returns the results
-    dict; with ``output_dir`` also writes ``results.json`` and ``acceptance.png`` there."""
+    dict; with ``output_dir`` also writes ``results.json``, ``requests.jsonl`` and ``acceptance.png`` there, as
+    one directory swapped in whole. Earlier results there are replaced only with ``overwrite``; a directory that
+    holds anything else is refused, before any decoding (:mod:`speculators.outputs`)."""
+    if output_dir is not None:
+        sources = [item for item in (draft, prompts, verifier) if isinstance(item, (str, Path))]
+        check_output_dir(output_dir, EVAL_OUTPUT, sources, overwrite)
     settings = settings or EvalSettings()
     inputs = load_inputs(draft, verifier, prompts, settings, dtype, device)
     settings = settings.for_draft(inputs.draft)
@@ -197,7 +212,7 @@ def evaluate(
     results["reports"] = reports(inputs.log.rows)
     results["requests_table"] = {"file": REQUESTS_NAME, "rows": len(inputs.log.rows)}
     if output_dir is not None:
-        write_results(results, Path(output_dir), inputs.log.rows)
+        write_results(results, Path(output_dir), inputs.log.rows, overwrite=overwrite)
     return results
 
 
@@ -843,15 +858,22 @@ def interleaved_schedule(requests: int, prompts: int) -> list[tuple[int, int]]:
     return schedule
 
 
-def write_results(results: dict[str, Any], output_dir: Path, rows: list[Request] | None = None) -> None:
+def write_results(
+    results: dict[str, Any], output_dir: Path, rows: list[Request] | None = None, overwrite: bool = False
+) -> None:
     """``requests.jsonl`` (the request table, when given), ``results.json`` (computed from it) and the acceptance
-    plot, each written atomically (a temp file renamed into place)."""
+    plot, staged together and swapped in as one directory: a reader, or a run killed mid-write, sees the earlier
+    set or the new one, never a new table beside an old plot. Earlier results are replaced only with
+    ``overwrite`` (checked again just before the swap)."""
     from speculators.eval.plot import plot_acceptance
 
-    if rows is not None:
-        write_requests(rows, output_dir / REQUESTS_NAME)
-    atomic_write_json(output_dir / RESULTS_NAME, results, indent=2)
-    plot_acceptance(results, output_dir / PLOT_NAME)
+    last_check = lambda target: check_output_dir(target, EVAL_OUTPUT, overwrite=overwrite)  # noqa: E731
+    last_check(output_dir)
+    with atomic_directory(output_dir, last_check) as staging:
+        if rows is not None:
+            write_requests(rows, staging / REQUESTS_NAME)
+        atomic_write_json(staging / RESULTS_NAME, results, indent=2)
+        plot_acceptance(results, staging / PLOT_NAME)
 
 
 def format_table(results: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ so that a user sees every change made to their draft.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -128,18 +129,27 @@ def _add_push(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _reporting(action: Callable[[], Any]) -> tuple[Any, int]:
-    """Run ``action`` printing its warnings; errors become one message and exit status 1."""
+    """Run ``action`` printing its warnings; a user's error (a bad path or value, a full or read-only disk)
+    becomes one message and exit status 1. SPECULATORS_TRACEBACK=1 shows its traceback instead."""
+    from speculators.cli import USER_ERRORS, user_message
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             result = action()
             status = 0
-        except (ValueError, FileNotFoundError, KeyError, ImportError) as exc:
+        except USER_ERRORS as exc:
+            if os.environ.get("SPECULATORS_TRACEBACK") == "1":
+                raise
             result, status = None, 1
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {user_message(exc)}", file=sys.stderr)
     for item in caught:
         print(f"warning: {item.message}", file=sys.stderr)
     return result, status
+
+
+def replaced_note(replaced: bool) -> str:
+    return "; it replaced the earlier export there" if replaced else ""
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -162,6 +172,7 @@ def run_export(args: argparse.Namespace) -> int:
     if result is not None:
         print(
             f"exported {result.checkpoint.label} -> {result.out_dir} (validator: {len(result.findings)} warning(s))"
+            + replaced_note(result.replaced)
         )
         for finding in result.findings:
             print(finding)
@@ -189,7 +200,7 @@ def run_convert(args: argparse.Namespace) -> int:
     if result is not None:
         print(
             f"converted {args.source} ({result.layout}) -> {result.out_dir} "
-            f"(validator: {len(result.findings)} warning(s))"
+            f"(validator: {len(result.findings)} warning(s))" + replaced_note(result.replaced)
         )
         for finding in result.findings:
             print(finding)

@@ -107,7 +107,10 @@ def write_converted(
                 vllm_refusal=families.of_config(verifier_config).vllm_refusal or None,
             )
         )
-    return config_dict, write_validated(out_dir, config_dict, weights, verifier_config, extra)
+    findings = write_validated(
+        out_dir, config_dict, weights, verifier_config, extra, sources=(src, verifier_path)
+    )
+    return config_dict, findings
 
 
 __all__ = ["align_rope", "shifted_aux_ids", "write_converted"]

@@ -20,11 +20,12 @@ import torch
 
 from speculators import algorithms
 from speculators.export.conversion import UnsupportedDraftError
-from speculators.export.exporter import EXPORT_DTYPES
+from speculators.export.exporter import EXPORT_DTYPES, check_speculative_tokens
 from speculators.export.sources import read_config, read_weights
 from speculators.export.tensors import warn
 from speculators.format.config import verifier_name_or_path
 from speculators.format.validate import Finding
+from speculators.outputs import EXPORT_OUTPUT, check_output_dir
 
 AUX_CONVENTIONS = ("auto", "vllm", "output-of-layer")
 FLAG_MODES = ("max-compat", "keep")
@@ -36,6 +37,7 @@ class ConvertResult:
     layout: str
     config: dict[str, Any]
     findings: list[Finding] = field(default_factory=list)
+    replaced: bool = False  # out_dir held an earlier export, now replaced
 
 
 def converters() -> list[ModuleType]:
@@ -106,8 +108,12 @@ def convert_checkpoint(
         raise ValueError(f"--flags {flags!r}: use one of {FLAG_MODES}")
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"dtype {dtype!r}: use one of {EXPORT_DTYPES}")
+    check_speculative_tokens(speculative_tokens)
     src = Path(src)
     where = str(src)
+    if not src.exists():
+        raise FileNotFoundError(f"{src} does not exist; pass the directory of the draft to convert")
+    replaced = check_output_dir(out_dir, EXPORT_OUTPUT, (src, verifier))  # before any weight is read
     source_config, tensors = read_config(src), read_weights(src)
     detected, module = claim(source_config, tensors, where)
     if layout == "auto":
@@ -125,7 +131,9 @@ def convert_checkpoint(
         src, out_dir, layout, source_config, tensors, verifier, str(verifier_ref), verifier_name, source_verifier,
         aux_convention, flags, norm_before_residual, speculative_tokens, dtype, model_card,
     )  # fmt: skip
-    return ConvertResult(out_dir=Path(out_dir), layout=layout, config=config_dict, findings=findings)
+    return ConvertResult(
+        out_dir=Path(out_dir), layout=layout, config=config_dict, findings=findings, replaced=replaced
+    )
 
 
 __all__ = [

@@ -30,6 +30,7 @@ from speculators.export.tensors import ascending_aux_layers, detect_prefix, stan
 from speculators.export.writer import write_validated
 from speculators.format.config import ProposalMethod, VerifierRef
 from speculators.format.validate import Finding
+from speculators.outputs import EXPORT_OUTPUT, check_output_dir
 from speculators.runs import TrainerCheckpoint, list_checkpoints, locate_checkpoint, recipe_value
 from speculators.verifier import embedded_weights_note, resolve_dtype, resolve_verifier_path
 
@@ -42,6 +43,7 @@ class ExportResult:
     checkpoint: TrainerCheckpoint
     config: dict[str, Any]
     findings: list[Finding] = field(default_factory=list)  # warnings only: errors refuse the export
+    replaced: bool = False  # out_dir held an earlier export, now replaced
 
 
 def load_verifier_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
@@ -63,6 +65,15 @@ def load_verifier_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
         raise FileNotFoundError(
             f"cannot read the verifier config of {name_or_path!r} ({exc}); pass a local directory with --verifier"
         ) from exc
+
+
+def check_speculative_tokens(speculative_tokens: int | None) -> None:
+    """A proposal length consumers can serve: vLLM drafts at least one token per step (0 used to be ignored, and
+    the recipe's value written without a word)."""
+    if speculative_tokens is not None and speculative_tokens < 1:
+        raise ValueError(
+            f"--speculative-tokens {speculative_tokens}: vLLM drafts at least 1 token per step; give 1 or more"
+        )
 
 
 def export_checkpoint(
@@ -91,6 +102,11 @@ def export_checkpoint(
         raise ValueError(
             f"dtype {dtype!r}: use one of {EXPORT_DTYPES} (bfloat16 is what drafts are published in)"
         )
+    check_speculative_tokens(speculative_tokens)
+    if not Path(source).exists():
+        raise FileNotFoundError(f"{source} does not exist; pass a training run directory or a checkpoint")
+    sources = (source, verifier, eval_results, k_from_eval)
+    replaced = check_output_dir(out_dir, EXPORT_OUTPUT, sources)  # before any weight is read
     if model_card and eval_results is not None:
         read_eval_results(eval_results)  # a mistyped --eval-results fails before any weight is converted
     sweep = None
@@ -121,7 +137,11 @@ def export_checkpoint(
             verifier_config.get("architectures") or config.speculators_config.verifier.architectures
         ),
     )
-    tokens = speculative_tokens or recipe_value(checkpoint.recipe, "export.speculative_tokens")
+    tokens = (
+        speculative_tokens
+        if speculative_tokens is not None
+        else recipe_value(checkpoint.recipe, "export.speculative_tokens")
+    )
     if tokens is not None:
         methods = config.speculators_config.proposal_methods
         methods[0] = ProposalMethod(**{**methods[0].__dict__, "speculative_tokens": int(tokens)})
@@ -152,8 +172,12 @@ def export_checkpoint(
         )
         extra["README.md"] = render_model_card(card)
         extra.update(evals.plots)
-    findings = write_validated(out_dir, config_dict, weights, verifier_config, extra)
-    return ExportResult(out_dir=Path(out_dir), checkpoint=checkpoint, config=config_dict, findings=findings)
+    findings = write_validated(
+        out_dir, config_dict, weights, verifier_config, extra, sources=(*sources, verifier_path)
+    )
+    return ExportResult(
+        out_dir=Path(out_dir), checkpoint=checkpoint, config=config_dict, findings=findings, replaced=replaced
+    )
 
 
 def read_trainer_weights(

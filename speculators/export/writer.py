@@ -2,21 +2,26 @@
 on the staged files (against the verifier's config), and rename into place only when nothing is an error.
 
 An interrupted or refused write therefore leaves at most a hidden ``.NAME.partial-*`` directory that is removed on
-the way out, never a directory that looks like a checkpoint; an existing ``OUT_DIR`` is replaced only on success.
+the way out, never a directory that looks like a checkpoint; an existing ``OUT_DIR`` is replaced only on success,
+in one atomic swap, and only when it is empty or an earlier export and holds none of the ``sources``
+(:mod:`speculators.outputs`).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
-from speculators.format.checkpoint import WEIGHTS_NAME, atomic_directory
+from speculators.atomic import atomic_directory
+from speculators.format.checkpoint import WEIGHTS_NAME
 from speculators.format.validate import Finding, errors, validate_checkpoint
+from speculators.outputs import EXPORT_OUTPUT, check_output_dir
 
 
 class InvalidCheckpointError(ValueError):
@@ -34,11 +39,15 @@ def write_validated(
     tensors: dict[str, torch.Tensor],
     verifier_config: dict[str, Any] | None,
     extra_files: dict[str, str | bytes | Path] | None = None,
+    sources: Sequence[str | Path | None] = (),
 ) -> list[Finding]:
     """Write ``config.json`` + ``model.safetensors`` + extras (text, bytes, or a file to copy) atomically, after the
-    validator passed on the staged copy. Returns the (warning-only) findings; raises ``InvalidCheckpointError``."""
+    validator passed on the staged copy. Returns the (warning-only) findings; raises ``InvalidCheckpointError``,
+    or ``UnsafeOutputError`` when ``out_dir`` holds anything but an earlier export or one of ``sources``."""
     out_dir = Path(out_dir)
-    with atomic_directory(out_dir) as staging:
+    check_output_dir(out_dir, EXPORT_OUTPUT, sources)
+    last_check = lambda target: check_output_dir(target, EXPORT_OUTPUT, sources)  # noqa: E731
+    with atomic_directory(out_dir, last_check) as staging:
         save_file(
             {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
             str(staging / WEIGHTS_NAME),

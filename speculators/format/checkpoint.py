@@ -7,41 +7,20 @@ so an interrupted write never leaves a directory that looks valid.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from speculators.atomic import atomic_directory
+from speculators.outputs import EXPORT_OUTPUT, check_output_dir
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-
-
-@contextmanager
-def atomic_directory(target: str | Path) -> Iterator[Path]:
-    """Yield a temporary directory that replaces ``target`` only if the block finishes without an exception."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    staging.chmod(0o755)
-    try:
-        yield staging
-        backup = None
-        if target.exists():
-            backup = target.with_name(f".{target.name}.old-{os.getpid()}")
-            target.rename(backup)
-        staging.rename(target)
-        if backup is not None:
-            shutil.rmtree(backup, ignore_errors=True)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def save_checkpoint(
@@ -50,8 +29,10 @@ def save_checkpoint(
     tensors: dict[str, torch.Tensor],
     extra_files: dict[str, str | bytes] | None = None,
 ) -> Path:
-    """Atomically write ``config.json``, ``model.safetensors`` and any extra files (e.g. ``README.md``)."""
-    with atomic_directory(directory) as staging:
+    """Atomically write ``config.json``, ``model.safetensors`` and any extra files (e.g. ``README.md``). The
+    directory is replaced only when it is new, empty or an earlier checkpoint (:mod:`speculators.outputs`)."""
+    check_output_dir(directory, EXPORT_OUTPUT)
+    with atomic_directory(directory, lambda target: check_output_dir(target, EXPORT_OUTPUT)) as staging:
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(
             {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
@@ -85,11 +66,25 @@ def weight_files(
     raise FileNotFoundError(f"{directory}: no {looked_for}; where are the checkpoint's weights?")
 
 
+UNREADABLE_WEIGHTS_FIX = "truncated or not a safetensors file; re-export or re-download it"
+
+
+@contextmanager
+def open_weights(path: str | Path) -> Iterator[Any]:
+    """``safe_open`` of one safetensors file whose failures name the file and the fix: the library's own
+    ``SafetensorError`` is no ``ValueError`` or ``OSError``, and says neither which file nor what to do."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            yield handle
+    except SafetensorError as exc:
+        raise ValueError(f"{path}: cannot be read ({exc}): {UNREADABLE_WEIGHTS_FIX}") from exc
+
+
 def load_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint, by their stored (unprefixed) names."""
     tensors: dict[str, torch.Tensor] = {}
     for path in weight_files(directory):
-        with safe_open(str(path), framework="pt") as handle:
+        with open_weights(path) as handle:
             for name in handle.keys():
                 tensors[name] = handle.get_tensor(name)
     return tensors

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from speculators import families
-from speculators.format.checkpoint import atomic_directory
+from speculators.atomic import atomic_directory
 from tests.conftest import REPO_ROOT
 
 SHIPPED = REPO_ROOT / "recipes" / "verifiers"

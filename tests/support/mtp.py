@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from speculators.format.checkpoint import atomic_directory
+from speculators.atomic import atomic_directory
 
 
 def tiny_qwen3_next_config(hybrid: bool = False, **overrides: Any) -> Any:

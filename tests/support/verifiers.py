@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from speculators.format.checkpoint import atomic_directory
+from speculators.atomic import atomic_directory
 
 
 def tiny_verifier_config(arch: str = "llama", **overrides: Any) -> Any:
