@@ -13,7 +13,7 @@ from typing import Any
 
 from speculators.format.checkpoint import read_config
 from speculators.format.config import verifier_name_or_path
-from speculators.format.validate import errors, validate_checkpoint
+from speculators.format.validate import Finding, errors, names_local_path, validate_checkpoint
 from speculators.local_paths import local_paths_in_files
 
 
@@ -42,20 +42,16 @@ def push_checkpoint(
     api: Any = None,
 ) -> PushResult:
     """Validate ``directory`` and upload it to ``repo_id`` (created if absent; ``revision`` a branch, created from
-    main if absent). Refuses an invalid checkpoint, and by default one whose verifier is a local path (nobody who
-    downloads it could `vllm serve` it: re-export with ``--verifier-name <hub id>``), and by default any file
+    main if absent). Refuses an invalid checkpoint (weights of a dtype consumers do not load included), and by
+    default one whose verifier is a local path, absolute or relative (``../v_llama``, ``./v``, ``models/a/b``: nobody
+    who downloads it could `vllm serve` it: re-export with ``--verifier-name <hub id>``), and by default any file
     that holds an absolute local path (a model card, results, a plan: it leaks the user's directory layout and
     names nothing a downloader has; ``allow_local_paths`` overrides, ``allow_local_verifier`` allows the verifier's
     own path only)."""
     directory = Path(directory)
-    findings = validate_checkpoint(directory)
-    if errors(findings):
-        lines = "\n  ".join(str(f) for f in errors(findings))
-        raise ValueError(
-            f"refusing to push {directory}: it is not a valid speculators checkpoint:\n  {lines}"
-        )
+    refuse_invalid(directory, validate_checkpoint(directory))
     verifier = verifier_name_or_path(read_config(directory))  # the validator refused a config naming none
-    if verifier and not allow_local_verifier and (Path(verifier).is_absolute() or Path(verifier).exists()):
+    if verifier and not allow_local_verifier and names_local_path(verifier, directory):
         raise ValueError(
             f"refusing to push {directory}: verifier.name_or_path is the local path {verifier!r}, which nobody else "
             "can resolve; re-export with --verifier-name <hub id of the verifier> (or pass --allow-local-verifier)"
@@ -78,6 +74,16 @@ def push_checkpoint(
         ignore_patterns=[".*"],
     )
     return PushResult(repo_id=repo_id, revision=revision, commit=commit)
+
+
+def refuse_invalid(directory: Path, findings: list[Finding]) -> None:
+    """Raise when the validator found errors: one line for one error (what the user reads first is the fix),
+    one line per error under the refusal for several."""
+    bad = errors(findings)
+    if not bad:
+        return
+    lines = f" {bad[0]}" if len(bad) == 1 else "".join(f"\n  {f}" for f in bad)
+    raise ValueError(f"refusing to push {directory}: it is not a valid speculators checkpoint:{lines}")
 
 
 def uploaded_files(directory: Path) -> list[Path]:

@@ -187,7 +187,30 @@ def k_from_sweep(path: str | Path, concurrency: int = 1) -> tuple[int, dict[str,
             f"--k-from-eval {path}: no k sweep at concurrency {concurrency} (measured at {sorted(best) or 'none'}); "
             f"run `speculators eval DRAFT -k 1 2 3 4 --concurrency {concurrency} ...` and pass its results.json"
         )
+    measured = sweep_ks(sweep, concurrency)
+    if len(measured) < 2:
+        what = f"only k={measured[0]} was" if measured else "no k was"
+        raise ValueError(
+            f"--k-from-eval {path}: {what} measured at concurrency {concurrency}, so there is "
+            f"nothing to choose from; run `speculators eval DRAFT -k 1 2 3 --concurrency {concurrency} ...` and pass "
+            "its results.json, or set k with --speculative-tokens"
+        )
     return int(best[str(concurrency)]), sweep
+
+
+def sweep_ks(sweep: dict[str, Any], concurrency: int) -> list[int]:
+    """The k values a sweep measured (with a speed) at ``concurrency``: one k is a measurement, not a choice, and
+    a card calling it "the k with the most tokens/s" would claim a comparison that never ran."""
+    return sorted(
+        {
+            int(point["k"])
+            for point in sweep.get("points") or []
+            if isinstance(point, dict)
+            and point.get("concurrency") == concurrency
+            and point.get("tokens_per_s") is not None
+            and "k" in point
+        }
+    )
 
 
 def k_sweep_table(sweep: dict[str, Any], concurrency: int, origin: str) -> tuple[str, str]:

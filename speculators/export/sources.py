@@ -8,9 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
-from speculators.format.checkpoint import PYTORCH_BIN_LAYOUT, SAFETENSORS_LAYOUT, read_config, weight_files
+from speculators.format.checkpoint import (
+    PYTORCH_BIN_LAYOUT,
+    SAFETENSORS_LAYOUT,
+    open_weights,
+    read_config,
+    weight_files,
+)
 
 ANY_LAYOUT = (SAFETENSORS_LAYOUT, PYTORCH_BIN_LAYOUT)  # safetensors preferred over pickled PyTorch files
 
@@ -24,9 +29,12 @@ def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _read_file(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: missing, though the checkpoint's index names it; re-export or re-download the checkpoint"
+        )
     if path.suffix == ".safetensors":
-        with safe_open(str(path), framework="pt") as handle:
-            return {name: handle.get_tensor(name) for name in handle.keys()}
+        return _read_safetensors(path)
     try:
         loaded = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle errors come in many types; all mean the same thing here
@@ -36,6 +44,12 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: holds a {type(loaded).__name__}, not a state dict of tensors")
     return {str(name): tensor for name, tensor in loaded.items() if isinstance(tensor, torch.Tensor)}
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of one safetensors file (a damaged one: a ValueError naming it and the fix)."""
+    with open_weights(path) as handle:
+        return {name: handle.get_tensor(name) for name in handle.keys()}
 
 
 __all__ = ["ANY_LAYOUT", "read_config", "read_weights"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,24 @@ DRAFT_CONFIG_KEYS = (
     "eagle_aux_hidden_state_layer_ids",
 )
 
+# The dtypes both consumers load a draft's weights in (vLLM casts a bf16/fp16/fp32 draft to the serving dtype);
+# an integer (quantized) or float64 weight is read as raw numbers or refused.
+LOADABLE_WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Index tensors, not weights: their own dtypes (int64 offsets, bool mask) are checked by ``_vocab_findings``.
+INDEX_TENSORS = ("d2t", "t2d")
+DTYPES_BY_NAME = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
+# A Hub repository id: ``name`` or ``owner/name`` (letters, digits, ``-_.``, not starting with a dot or dash).
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -72,7 +91,9 @@ def validate_checkpoint(
         return [Finding("error", str(config_path), not_draft)]  # its weights (16 GB for 8B) are never read
     findings = list(_config_findings(config, str(config_path)))
     if verifier_config is None:
-        verifier_config = _local_verifier_config(config)
+        verifier_config, not_run = verifier_config_or_reason(config)
+        if not_run is not None:
+            findings.append(Finding("warning", str(config_path), f"verifier checks not run: {not_run}"))
     if verifier_config is not None:
         findings += list(_verifier_findings(config, verifier_config, str(config_path)))
     if check_weights and not any(
@@ -269,19 +290,64 @@ def _speculators_config_findings(spec: Any, error) -> Iterator[Finding]:
 
 
 # ---- against the verifier ----------------------------------------------------------------------------------
-def _local_verifier_config(config: dict[str, Any]) -> dict[str, Any] | None:
+def verifier_config_or_reason(config: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """``(the verifier's config, None)`` read from ``verifier.name_or_path`` (a local directory, or a hub id in the
+    local cache), or ``(None, why it could not be read and the fix)``: skipping the cross-checks silently would
+    pass a draft whose vocabulary or aux ids no verifier accepts as if it had been checked against one."""
     name = verifier_name_or_path(config)
     if name is None:
-        return None
-    path = Path(name) / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else cached_hub_config(name)
+        return None, "speculators_config.verifier.name_or_path names no verifier; pass --verifier DIR"
+    path = Path(os.path.expanduser(name))
+    if path.is_dir():
+        return _verifier_dir_config(name, path)
+    if path.exists():
+        return None, f"{name} is a file, not a model directory; pass --verifier DIR"
+    if names_local_path(name):
+        relative = (
+            "" if path.is_absolute() else " (a relative name_or_path is looked up from the current directory)"
+        )
+        return None, f"{name} does not exist; pass --verifier DIR{relative}"
+    cached = cached_hub_config(name)
+    if cached is None:
+        return None, (
+            f"{name} is a hub id not in the local Hugging Face cache (validate never downloads); pass --verifier DIR "
+            "to check vocab_size, hidden_size, aux layer ids and rope against it"
+        )
+    return cached, None
+
+
+def _verifier_dir_config(name: str, path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A local verifier directory's config, or why not (a directory without a readable config.json)."""
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        return None, f"{name} has no config.json; pass --verifier DIR (the verifier's HF directory)"
+    try:
+        return json.loads(config_path.read_text()), None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"{config_path} is not readable JSON ({exc}); pass --verifier DIR"
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` has the shape of a Hub repository id (``owner/name`` or a bare ``name``)."""
+    return bool(HUB_ID.fullmatch(name)) and ".." not in name and "--" not in name
+
+
+def names_local_path(name: str, *bases: Path) -> bool:
+    """Whether a ``name_or_path`` names a local directory rather than a hub id: absolute, ``~``/``./``/``../``,
+    present relative to the current directory or one of ``bases``, or not a hub id's shape (``models/foo/bar``).
+    ``meta-llama/Llama-3.1-8B`` is a hub id; vLLM on another machine could resolve only that."""
+    if name in (".", "..") or name.startswith(("~", "./", "../", ".\\", "..\\")):
+        return True
+    if Path(name).is_absolute() or any((base / name).exists() for base in (Path.cwd(), *bases)):
+        return True
+    return not is_hub_id(name)
 
 
 def cached_hub_config(name: Any) -> dict[str, Any] | None:
     """The ``config.json`` of the hub id ``name`` when the local Hugging Face cache already holds it, else None.
     Never downloads: the validator runs offline, and a hub-id verifier would otherwise escape the checks that need
     its layer count (aux ids above L, which vLLM never captures)."""
-    if not isinstance(name, str) or name.count("/") != 1 or name.startswith((".", "/", "~")):
+    if not isinstance(name, str) or not is_hub_id(name):
         return None
     try:
         from huggingface_hub import try_to_load_from_cache
@@ -399,9 +465,10 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
     try:
         where = ", ".join(p.name for p in weight_files(directory))
         tensors = load_tensors(directory)
-    except (FileNotFoundError, OSError, ValueError) as exc:
+    except (FileNotFoundError, OSError, ValueError) as exc:  # a damaged file: named by open_weights
         yield Finding("error", str(directory), f"cannot read the weights: {exc}")
         return
+    yield from _dtype_findings(config, tensors, where)
     unit = algorithm_of(config)
     if unit is None:
         return  # a type without a declared unit: its tensors are unknown here (warned about with the config)
@@ -462,7 +529,52 @@ def _weight_findings(config: dict[str, Any], directory: Path) -> Iterator[Findin
 def _local_verifier_dir(config: dict[str, Any]) -> str | None:
     """``verifier.name_or_path`` when it is a local model directory (its weights can then be compared)."""
     name = verifier_name_or_path(config)
-    return name if name and (Path(name) / "config.json").is_file() else None
+    return name if name and (Path(os.path.expanduser(name)) / "config.json").is_file() else None
+
+
+def _dtype_findings(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str
+) -> Iterator[Finding]:
+    """Weights must be in a float dtype drafts are served in: vLLM's loader copies any tensor into its parameters
+    without a word (``param.data.copy_``), so int8 weights (quantized, or a broken export) serve as raw integers and
+    float64 passes as if fine. A served dtype other than config.json's ``torch_dtype`` loads (it is cast) but the
+    config misdescribes the file: a warning. Index tensors (d2t, t2d) keep their own dtypes."""
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for name, tensor in tensors.items():
+        if name.removeprefix("model.") not in INDEX_TENSORS:
+            by_dtype.setdefault(tensor.dtype, []).append(name)
+    declared = declared_dtype(config)
+    declared_name = str(declared).removeprefix("torch.")
+    for dtype, names in sorted(by_dtype.items(), key=lambda item: str(item[0])):
+        stored = str(dtype).removeprefix("torch.")
+        if dtype not in LOADABLE_WEIGHT_DTYPES:
+            yield Finding(
+                "error",
+                where,
+                f"{_some(names)} {'has' if len(names) == 1 else 'have'} dtype {stored}, not one drafts are served in "
+                "(bfloat16/float16/float32): vLLM copies it into its parameters without a word (integers as raw "
+                "values); re-export with `speculators export --dtype bfloat16`",
+            )
+        elif declared is not None and dtype != declared:
+            yield Finding(
+                "warning",
+                where,
+                f"{_some(names)} {'is' if len(names) == 1 else 'are'} stored as {stored} but config.json torch_dtype "
+                f"says {declared_name}: consumers cast, but the config misdescribes the file; "
+                f"re-export with `speculators export --dtype {declared_name}`",
+            )
+
+
+def declared_dtype(config: dict[str, Any]) -> torch.dtype | None:
+    """config.json's ``torch_dtype`` (or the newer ``dtype``) as a torch dtype, None when absent or unknown."""
+    name = config.get("torch_dtype") or config.get("dtype")
+    return DTYPES_BY_NAME.get(str(name).removeprefix("torch.")) if name else None
+
+
+def _some(names: list[str]) -> str:
+    """Up to three tensor names and how many more: one line even for a whole checkpoint."""
+    shown = ", ".join(sorted(names)[:3])
+    return shown + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
 
 
 def _vocab_findings(config: dict[str, Any], tensors: dict[str, torch.Tensor], error) -> Iterator[Finding]:
