@@ -20,12 +20,16 @@ with: the verifier never emitted it. Two ways, tried in this order:
 answer) and raises :class:`TemplateError` — instead of masking everything — when it has no chat template, ignores
 ``add_generation_prompt``, ends turns without a special token, or is not prefix-stable even turn by turn.
 Conversations whose text contains one of the tokenizer's special tokens (e.g. a literal ``<|im_end|>``) are
-refused per conversation: they would forge turn boundaries.
+refused per conversation: they would forge turn boundaries. So is a conversation the template itself refuses (a
+strict template's ``raise_exception("Conversation roles must alternate ...")``, as Gemma 3's, Llama-2's and
+Mistral's do): :class:`MaskingError` ``template_error``, dropped and counted by the pipeline, never the run.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +59,19 @@ class MaskingError(ValueError):
         self.reason = reason
 
 
+@contextmanager
+def template_refusals() -> Iterator[None]:
+    """A Jinja error while rendering (a strict template's ``raise_exception("Conversation roles must
+    alternate ...")``, an undefined field) as :class:`MaskingError` ``template_error``: it is about the
+    conversation, which is dropped and counted, not about the run."""
+    from jinja2.exceptions import TemplateError as JinjaTemplateError
+
+    try:
+        yield
+    except JinjaTemplateError as error:
+        raise MaskingError("template_error", f"the chat template refused it: {error}") from None
+
+
 @dataclass
 class EncodedSample:
     sample_id: str
@@ -63,11 +80,41 @@ class EncodedSample:
     truncated: bool = False
 
 
+TEMPLATE_FILE_SUFFIXES = (".jinja", ".j2", ".txt")
+
+
+def looks_like_path(value: str) -> bool:
+    """Whether ``data.chat_template`` names a file rather than holding the template's text: one line without Jinja
+    markup that is an existing file, ends in a template suffix or contains a path separator. Template text always
+    has ``{{``/``{%`` and a path has neither, so a missing file is never mistaken for a (useless) template."""
+    if "\n" in value or "{{" in value or "{%" in value:
+        return False
+    return value.strip().endswith(TEMPLATE_FILE_SUFFIXES) or "/" in value or "\\" in value or _is_file(value)
+
+
+def _is_file(value: str) -> bool:
+    try:
+        return Path(value).expanduser().is_file()
+    except OSError:  # e.g. a name too long for the file system: not a file
+        return False
+
+
 def load_chat_template(tokenizer: Any, override: str | None = None) -> str:
-    """The template to use: ``override`` (a Jinja file path or the template text) or the tokenizer's own."""
+    """The template to use: ``override`` (a Jinja file path or the template text) or the tokenizer's own.
+
+    A path that does not exist is an error: used as the template's text it would fail later with a message about
+    the template (no generation prompt, no end-of-turn token) instead of the missing file."""
     if override:
+        if not looks_like_path(override):  # template text (never stat'ed: a long one is no valid file name)
+            return override
         path = Path(override).expanduser()
-        return path.read_text() if path.exists() else override
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+        state = "is a directory" if path.is_dir() else "does not exist"
+        raise TemplateError(
+            f"data.chat_template={override!r}: {path} {state}; give an existing Jinja template file (or the "
+            "template's text itself), or leave data.chat_template unset to use the tokenizer's own"
+        )
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # several named templates: the default one
         template = template.get("default")
@@ -92,7 +139,6 @@ class ChatMasker:
     ) -> None:
         if turn_mode not in TURN_MODES:
             raise ValueError(f"data.turn_mode={turn_mode!r}; use one of {TURN_MODES}")
-        requested = turn_mode
         self.tokenizer = tokenizer
         self.template = load_chat_template(tokenizer, chat_template)
         self.special_tokens = {
@@ -107,6 +153,23 @@ class ChatMasker:
         vocab = tokenizer.get_vocab()
         self.declared_eot_ids = {vocab[token] for token in self.chat.end_of_turn if token in vocab}
         self.uses_generation_tags = bool(GENERATION_TAG.search(self.template))
+        self._probe(turn_mode)
+
+    def _probe(self, turn_mode: str) -> None:
+        """Check the template on :data:`PROBE` and settle the turn mode; a template that fails on this plain,
+        alternating conversation is refused as a whole (:class:`TemplateError`)."""
+        try:
+            self._probe_template(turn_mode)
+        except MaskingError as problem:
+            if problem.reason != "template_error":
+                raise
+            raise TemplateError(
+                f"the chat template cannot render a plain two-turn conversation ({problem}); fix the template or "
+                "give data.chat_template"
+            ) from None
+
+    def _probe_template(self, turn_mode: str) -> None:
+        requested = turn_mode
         self.eot_id = self._probe_end_of_turn()
         # every token that ends an assistant turn: the family's (harmony ends the last answer with <|return|>,
         # the ones in history with <|end|>), else the one the probe found
@@ -127,10 +190,15 @@ class ChatMasker:
 
     # ---- rendering --------------------------------------------------------------------------------------
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
-        """The template's text for ``messages`` (what ``apply_chat_template`` tokenises)."""
-        return self.tokenizer.apply_chat_template(
-            messages, chat_template=self.template, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+        """The template's text for ``messages`` (what ``apply_chat_template`` tokenises); a template that refuses
+        them raises :class:`MaskingError` (``template_error``), so only that conversation is dropped."""
+        with template_refusals():
+            return self.tokenizer.apply_chat_template(
+                messages,
+                chat_template=self.template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+            )
 
     def tokenize(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and character offsets, tokenised exactly as ``apply_chat_template`` does (no extra BOS)."""
@@ -213,6 +281,14 @@ class ChatMasker:
         self, conversation: Conversation, max_length: int, overlong: str = "truncate"
     ) -> list[EncodedSample]:
         """The samples of one conversation (one, or one per assistant turn), truncated or refused when too long."""
+        try:
+            return self._encode(conversation, max_length, overlong)
+        except MaskingError as problem:
+            if problem.reason != "template_error":
+                raise
+            raise MaskingError(problem.reason, f"conversation {conversation.id!r}: {problem}") from None
+
+    def _encode(self, conversation: Conversation, max_length: int, overlong: str) -> list[EncodedSample]:
         self._refuse_special_tokens(conversation)
         if self.uses_generation_tags:
             raw = [self._encode_tagged(conversation)]
@@ -262,13 +338,14 @@ class ChatMasker:
         )
 
     def _encode_tagged(self, conversation: Conversation) -> EncodedSample:
-        out = self.tokenizer.apply_chat_template(
-            conversation.messages,
-            chat_template=self.template,
-            tokenize=True,
-            return_dict=True,
-            return_assistant_tokens_mask=True,
-        )
+        with template_refusals():
+            out = self.tokenizer.apply_chat_template(
+                conversation.messages,
+                chat_template=self.template,
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
+            )
         ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
         for position in range(len(ids) - 1):  # a span the template closed before the end-of-turn token
             if mask[position] == 1 and mask[position + 1] == 0 and ids[position + 1] in self.eot_ids:

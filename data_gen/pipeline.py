@@ -36,7 +36,13 @@ from data_gen.capture_backends import (
 )
 from data_gen.masks import ChatMasker, EncodedSample, MaskingError
 from data_gen.regenerate import RegenerateSettings, Regenerator, VllmGenerator, transformers_generate
-from data_gen.sources import Conversation, DataSettings, load_conversations, split_conversations
+from data_gen.sources import (
+    MAX_EXAMPLES,
+    Conversation,
+    DataSettings,
+    load_conversations,
+    split_conversations,
+)
 from data_gen.stats import count_assistant_tokens, write_token_counts
 from data_gen.store import (
     FORMAT_VERSION,
@@ -155,6 +161,7 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
     data = DataSettings.from_mapping(config["data"])
     gen = GenSettings.from_mapping(config["data_gen"])
     verifier = dict(config["verifier"])
+    check_output_dir(gen.output_dir)
     conversations, report = load_conversations(data)
     train, heldout = split_conversations(conversations, data.heldout_fraction, data.seed)
     log.info("%s; train %d, heldout %d", report.summary(), len(train), len(heldout))
@@ -181,16 +188,35 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
     )
 
 
+def check_output_dir(output_dir: str | Path) -> None:
+    """Refuse, before anything is written, an output directory that cannot be made because a file stands where
+    it or one of its parents must be (``mkdir`` would stop the run later with a bare "Not a directory")."""
+    path = Path(output_dir).expanduser().absolute()
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise NotADirectoryError(
+                    f"data_gen.output_dir={output_dir}: {candidate} is a file, not a directory; choose another "
+                    "data_gen.output_dir (or move that file)"
+                )
+            return
+
+
 def first_head_probe(side: VerifierSide, conversations: list[Conversation], data: DataSettings) -> HeadProbe:
     """The verifier's own log-probabilities on the first training conversation that encodes
     (speculators.head_check): written beside the features, where the trainer checks its head against them."""
+    drops: Counter = Counter()
+    examples: dict[str, list[str]] = {}
     for conversation in conversations:
-        encoded, _ = encode_conversations(side.masker, [conversation], data)
+        encoded, counts = encode_conversations(side.masker, [conversation], data, examples)
         if encoded:
             return record_head_probe(side.model, encoded[0].input_ids)
+        drops.update(counts)
+    reasons = ", ".join(f"{k.removeprefix('dropped_')}={v}" for k, v in sorted(drops.items())) or "none"
+    first = next((found[0] for found in examples.values() if found), "")
     raise ValueError(
-        f"no training conversation of {data.source} encodes within data.max_length={data.max_length}; "
-        "nothing to train on"
+        f"no training conversation of {data.source} could be masked (dropped: {reasons}; e.g. {first}); nothing "
+        f"to train on: fix what the example says (overlong, no_loss_tokens: raise data.max_length={data.max_length})"
     )
 
 
@@ -351,8 +377,16 @@ def capture_samples(capture: CaptureBackend, encoded: list[EncodedSample]) -> li
 
 
 def encode_conversations(
-    masker: ChatMasker, conversations: list[Conversation], data: DataSettings
+    masker: ChatMasker,
+    conversations: list[Conversation],
+    data: DataSettings,
+    examples: dict[str, list[str]] | None = None,
 ) -> tuple[list[EncodedSample], Counter]:
+    """The samples of ``conversations`` and the counts of what was dropped (``dropped_<reason>``) or truncated.
+
+    A conversation that cannot be masked, or that the chat template refuses (a strict template's "roles must
+    alternate"), is dropped and counted, never the run; ``examples`` collects the first few messages per reason,
+    for the report."""
     encoded: list[EncodedSample] = []
     counts: Counter = Counter()
     for conversation in conversations:
@@ -360,10 +394,19 @@ def encode_conversations(
             samples = masker.encode(conversation, data.max_length, data.overlong)
         except MaskingError as problem:
             counts[f"dropped_{problem.reason}"] += 1
+            if examples is not None:
+                add_example(examples, problem.reason, str(problem))
             continue
         counts["truncated"] += sum(s.truncated for s in samples)
         encoded += samples
     return encoded, counts
+
+
+def add_example(examples: dict[str, list[str]], reason: str, message: str) -> None:
+    """Keep ``message`` as an example of ``reason`` while fewer than :data:`MAX_EXAMPLES` are kept."""
+    kept = examples.setdefault(reason, [])
+    if len(kept) < MAX_EXAMPLES:
+        kept.append(message)
 
 
 def encode_recipe_conversations(
@@ -407,11 +450,14 @@ class ShardWorker:
         if self.regenerator is not None:
             conversations, regen_counts = self.regenerate(split, index, conversations, progress)
             counts.update({f"regenerate_{k}": v for k, v in regen_counts.items()})
-        encoded, mask_counts = encode_conversations(self.p.masker, conversations, self.p.data)
+        examples: dict[str, list[str]] = {}
+        encoded, mask_counts = encode_conversations(self.p.masker, conversations, self.p.data, examples)
         counts.update(mask_counts)
         samples = capture_samples(self.p.capture, encoded)
         num_aux = len(self.p.capture.aux_layer_ids)
-        extra = {"conversations": len(conversations), "counts": dict(counts)}
+        extra: dict[str, Any] = {"conversations": len(conversations), "counts": dict(counts)}
+        if examples:  # why conversations were dropped, in the words of the masker or the template
+            extra["drop_examples"] = examples
         return write_shard(self.out / split, index, samples, num_aux, self.p.gen.storage_dtype, extra)
 
     def regenerate(
@@ -530,9 +576,13 @@ def finalize(prepared: Prepared, plan: dict[str, int], started: float, new_token
     write_token_counts(out, counts, provenance)
     elapsed = time.time() - started
     totals: Counter = Counter()
+    examples: dict[str, list[str]] = {}
     for manifest in manifests.values():
         for shard in manifest["shards"]:
             totals.update(shard.get("counts", {}))
+            for reason, messages in shard.get("drop_examples", {}).items():
+                for message in messages:
+                    add_example(examples, reason, message)
     tokens = sum(m["num_tokens"] for m in manifests.values())
     size = sum(m["bytes"] for m in manifests.values())
     hidden = prepared.header["hidden_size"]
@@ -552,6 +602,7 @@ def finalize(prepared: Prepared, plan: dict[str, int], started: float, new_token
         "tokens_per_second_now": new_tokens / max(elapsed, 1e-9),
         "source": prepared.source_report,
         "counts": dict(totals),
+        "drop_examples": examples,
     }
     atomic_write_json(out / "summary.json", summary)
     return summary
@@ -561,8 +612,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     """A few human lines for the end of a run."""
     if "samples" not in summary:
         return f"rank {summary['rank']}: {summary['shards']} shards, {summary['tokens']} tokens"
-    dropped = {k: v for k, v in summary["counts"].items() if k.startswith("dropped_") or k == "truncated"}
+    dropped = {k: v for k, v in summary["counts"].items() if "dropped_" in k or k == "truncated"}
     source_dropped = summary["source"]["dropped"]
+    examples = [f"  e.g. {reason}: {found[0]}" for reason, found in summary.get("drop_examples", {}).items()]
     return "\n".join(
         [
             f"data_gen done → {summary['output_dir']}",
@@ -574,6 +626,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"  time: {summary['seconds']:.1f} s, {summary['tokens_per_second_now']:.0f} tokens/s captured this run"
             f" (verifier in {summary['capture_precision']['dtype']}: {summary['capture_precision']['reason']})",
             f"  source drops: {source_dropped or 'none'}; masking: {dropped or 'none'}",
+            *examples,
         ]
     )
 

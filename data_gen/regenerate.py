@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from data_gen.masks import ChatMasker
+from data_gen.masks import ChatMasker, MaskingError
 from data_gen.sources import Conversation
 
 BACKENDS = ("transformers", "vllm")
@@ -242,15 +242,22 @@ class Regenerator:
     def _batch(self, batch: list[Conversation], seed: int) -> list[dict[str, Any]]:
         messages = [[dict(m) for m in c.messages] for c in batch]
         counts = [Counter() for _ in batch]
+        refused: set[int] = set()  # rows whose prompt the chat template refuses
         turn = 0
         while True:
             jobs = []  # (conversation, message index, prompt ids)
             for row, msgs in enumerate(messages):
                 turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
-                if turn >= len(turns):
+                if turn >= len(turns) or row in refused:
                     continue
                 position = turns[turn]
-                prompt = self.masker.tokenize(self.masker.prompt_text(msgs[:position]))[0]
+                try:
+                    prompt = self.masker.tokenize(self.masker.prompt_text(msgs[:position]))[0]
+                except MaskingError:
+                    # a strict template refuses this conversation ("roles must alternate"): it stays as it is,
+                    # and masking, which renders the same prefix, drops and counts it with the template's words
+                    refused.add(row)
+                    continue
                 if len(prompt) >= self.max_length:  # nothing of this answer would fit: end the chat before it
                     messages[row] = msgs[:position]
                     counts[row]["turns_cut_at_max_length"] += 1

@@ -14,12 +14,13 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from data_gen.store import IncompatibleOutputError
-from speculators.cli import user_errors_as_one_line
+from speculators.cli import USER_ERRORS, user_errors_as_one_line
 
-# A recipe value out of range, a missing or malformed source file, a chat template without what masking needs, an
-# output directory made by another configuration: one `error:` line each (the messages name the key or file and
-# the fix), not a traceback. Anything else is a bug and keeps its traceback.
-USER_MISTAKES = (ValueError, FileNotFoundError, IncompatibleOutputError)
+# A recipe value out of range, a missing, unreadable or malformed source file, a chat template without what masking
+# needs, an output directory that cannot be made or was made by another configuration: one `error:` line each (the
+# messages name the key or file and the fix), not a traceback. The same kinds as the `speculators` commands'
+# (ValueError, OSError, KeyError, ImportError); anything else is a bug and keeps its traceback.
+USER_MISTAKES = (*USER_ERRORS, IncompatibleOutputError)
 
 
 @hydra.main(config_path="../recipes", config_name="config", version_base=None)

@@ -98,6 +98,10 @@ class DataSettings:
             raise ValueError(f"data.on_invalid={self.on_invalid!r}; use drop or error")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ValueError(f"data.heldout_fraction={self.heldout_fraction}; it must be in [0, 1)")
+        if self.max_conversations is not None and self.max_conversations < 1:
+            raise ValueError(
+                f"data.max_conversations={self.max_conversations}; use a positive number, or null for all"
+            )
         if self.max_length < 2:
             raise ValueError(f"data.max_length={self.max_length}; it must be at least 2 tokens")
 
@@ -113,12 +117,21 @@ class SourceReport:
     dropped: Counter = field(default_factory=Counter)
     trimmed: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    first_problem: dict[str, str] = field(default_factory=dict)  # reason -> "where: what", for error messages
 
-    def drop(self, reason: str, where: str) -> None:
+    def drop(self, reason: str, where: str, detail: str = "") -> None:
         self.dropped[reason] += 1
         self.examples.setdefault(reason, [])
         if len(self.examples[reason]) < MAX_EXAMPLES:
             self.examples[reason].append(where)
+        self.first_problem.setdefault(reason, f"{where}: {detail}" if detail else where)
+
+    def commonest_problem(self) -> str:
+        """The first record dropped for the commonest reason, with what was wrong with it."""
+        if not self.dropped:
+            return ""
+        reason = self.dropped.most_common(1)[0][0]
+        return self.first_problem.get(reason, "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -171,10 +184,41 @@ def decode_json_array_prefix(text: str) -> Iterator[dict[str, Any]]:
         yield element
 
 
+def _not_utf8(number: int, raw: bytes, error: UnicodeDecodeError) -> str:
+    """What is wrong with line ``number`` (1-based) whose bytes ``raw`` failed to decode, and the fix."""
+    return (
+        f"line {number} is not UTF-8 text (byte 0x{raw[error.start]:02x} at position {error.start + 1} of the "
+        "line); re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+    )
+
+
+def _undecodable_lines(path: Path) -> Iterator[str]:
+    """Each line of ``path`` that is not UTF-8 text, in file order, described (:func:`_not_utf8`)."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                yield _not_utf8(number, raw, error)
+
+
+def _is_blank(path: Path, chunk: int = 1 << 20) -> bool:
+    """Whether the file holds nothing but whitespace (read until its first other byte)."""
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            if block.strip():
+                return False
+    return True
+
+
 def _find_bad_json_line(path: Path) -> str | None:
     """For a JSONL file ``datasets`` could not parse: the first line that is not a JSON object, described."""
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return f"{path} {_not_utf8(number, raw, error)}"
             if not line.strip():
                 continue
             try:
@@ -186,8 +230,9 @@ def _find_bad_json_line(path: Path) -> str | None:
     return None
 
 
-def file_records(source: str, split: str = "train") -> Iterable[dict[str, Any]]:
-    """Records of a JSON / JSONL / Parquet file or a ``save_to_disk`` directory, through ``datasets``."""
+def file_records(source: str, split: str = "train") -> Iterable[dict[str, Any] | InvalidRecord]:
+    """Records of a JSON / JSONL / Parquet file or a ``save_to_disk`` directory, through ``datasets``; a record
+    that cannot be read comes as an :class:`InvalidRecord` in its place (``data.on_invalid`` decides)."""
     import datasets
 
     path = Path(source).expanduser()
@@ -202,32 +247,56 @@ def file_records(source: str, split: str = "train") -> Iterable[dict[str, Any]]:
             if split not in loaded:
                 raise SourceError(f"{path}: no split {split!r} (has {list(loaded)}); set data.split")
             loaded = loaded[split]
-        return loaded
+        return readable_rows(loaded, None)
     suffix = path.suffix.lower()
     builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(suffix)
     if builder is None:
         raise SourceError(
             f"{path}: unknown file type {suffix!r}; use .json, .jsonl, .parquet or a datasets directory"
         )
+    if _is_blank(path):
+        raise SourceError(f"{path} is empty; give data.source a file with conversations in it")
     try:
-        return datasets.load_dataset(builder, data_files=str(path), split="train")
+        loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
     except Exception as error:  # datasets raises several types; give the user the line that is wrong
         where = _find_bad_json_line(path) if builder == "json" and suffix == ".jsonl" else None
         if where is None and builder == "json":
             where = _json_file_problem(path)
         detail = where or f"{path}: {type(error).__name__}: {error}"
         raise SourceError(f"{detail}. Fix or remove that record and rerun.") from error
+    return readable_rows(loaded, path if builder == "json" else None)
+
+
+def readable_rows(dataset: Any, lines_of: Path | None) -> Iterator[dict[str, Any] | InvalidRecord]:
+    """The rows of ``dataset``, with each row that is not UTF-8 text replaced by an :class:`InvalidRecord`
+    (``not_utf8``) naming its line in ``lines_of`` (a JSON file), so one bad record is dropped and counted, not
+    the run: pyarrow stores a JSONL file's bytes unchecked and fails only when that row is converted."""
+    undecodable = _undecodable_lines(lines_of) if lines_of is not None else iter(())
+    start = 0
+    while start < len(dataset):
+        rows = dataset if start == 0 else dataset.select(range(start, len(dataset)))
+        try:
+            for row in rows:
+                start += 1
+                yield row
+            return
+        except UnicodeDecodeError as error:
+            detail = next(undecodable, None) or f"record #{start} is not UTF-8 text ({error.reason})"
+            start += 1
+            yield InvalidRecord("not_utf8", detail)
 
 
 def _json_file_problem(path: Path) -> str | None:
     try:
-        json.loads(path.read_text(encoding="utf-8"))
+        json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        return f"{path} {next(_undecodable_lines(path))}"
     except json.JSONDecodeError as error:
         return f"{path} line {error.lineno}: not valid JSON ({error.msg} at column {error.colno})"
     return None
 
 
-def source_records(source: str, split: str = "train") -> Iterable[dict[str, Any]]:
+def source_records(source: str, split: str = "train") -> Iterable[dict[str, Any] | InvalidRecord]:
     if source == BUILTIN_SHAREGPT:
         return builtin_sharegpt_records()
     return file_records(source, split)
@@ -245,6 +314,25 @@ def detect_format(record: dict[str, Any]) -> str:
     raise InvalidRecord(
         "unknown_layout",
         f"no 'conversations', 'messages' or 'data' key (keys: {sorted(record)[:8]}); set data.format or fix it",
+    )
+
+
+FORMAT_KEYS = {"sharegpt": "conversations", "openai": "messages", "ultrachat": "data"}
+
+
+def check_forced_format(record: dict[str, Any], fmt: str) -> None:
+    """With ``data.format`` set, a record that lacks that layout's key but has another's is in the other layout:
+    say so and name the setting, instead of calling every record malformed."""
+    if record.get(FORMAT_KEYS[fmt]) is not None:
+        return
+    try:
+        found = detect_format(record)
+    except InvalidRecord:
+        return  # no known layout at all: raw_messages says what is missing
+    raise InvalidRecord(
+        "format_mismatch",
+        f"data.format={fmt} but the record has no {FORMAT_KEYS[fmt]!r} key; it has {FORMAT_KEYS[found]!r}, so it "
+        f"looks like the {found} layout: set data.format={found} (or auto)",
     )
 
 
@@ -362,10 +450,14 @@ def load_conversations(settings: DataSettings) -> tuple[list[Conversation], Sour
         report.records += 1
         where = f"{settings.source} record #{number}"
         try:
+            if isinstance(record, InvalidRecord):  # a line that could not be read (file_records)
+                raise record
             if not isinstance(record, dict):
                 raise InvalidRecord("malformed", f"a {type(record).__name__}, not an object")
             where += f" (id {record.get('id')!r})" if record.get("id") not in (None, "") else ""
             fmt = detect_format(record) if settings.format == "auto" else settings.format
+            if settings.format != "auto":
+                check_forced_format(record, fmt)
             messages = clean_messages(raw_messages(record, fmt), report.trimmed)
             conversation_id = record_id(record, messages)
             if conversation_id in seen:
@@ -378,14 +470,18 @@ def load_conversations(settings: DataSettings) -> tuple[list[Conversation], Sour
                     f"{where}: {problem} [{problem.reason}]. Fix the record, or set data.on_invalid=drop "
                     "to skip such records (they are counted in the report)"
                 ) from None
-            report.drop(problem.reason, where)
+            report.drop(problem.reason, where, str(problem))
             continue
         seen.add(conversation_id)
         report.formats[fmt] += 1
         kept.append(Conversation(id=conversation_id, messages=messages))
     report.kept = len(kept)
+    if not report.records:
+        raise SourceError(f"{settings.source} holds no records; give a data.source with conversations in it")
     if not kept:
-        raise SourceError(f"{settings.source}: no usable conversation ({report.summary()})")
+        raise SourceError(
+            f"{settings.source}: no usable conversation ({report.summary()}); e.g. {report.commonest_problem()}"
+        )
     return kept, report
 
 
@@ -398,10 +494,16 @@ def heldout_score(conversation_id: str, seed: int) -> float:
 def split_conversations(
     conversations: list[Conversation], heldout_fraction: float, seed: int
 ) -> tuple[list[Conversation], list[Conversation]]:
-    """``(train, heldout)``, each in source order."""
+    """``(train, heldout)``, each in source order; refused when the held-out fraction takes every conversation
+    (said here, naming the setting, rather than later as "nothing encodes within max_length")."""
     train, heldout = [], []
     for conversation in conversations:
         (heldout if heldout_score(conversation.id, seed) < heldout_fraction else train).append(conversation)
+    if heldout and not train:
+        raise SourceError(
+            f"data.heldout_fraction={heldout_fraction} held out all {len(heldout)} conversations, leaving none to "
+            "train on; lower data.heldout_fraction (or give more conversations)"
+        )
     return train, heldout
 
 

@@ -72,7 +72,8 @@ FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 
 
 class CorruptShardError(RuntimeError):
-    """A shard's bytes do not match the sha256 recorded when it was written."""
+    """A shard's bytes do not match the sha256 its manifest lists (the message says whether the shard or the
+    manifest is the damaged one, when its record can tell)."""
 
 
 class IncompatibleOutputError(RuntimeError):
@@ -373,12 +374,36 @@ class FeatureDataset(Dataset):
             )
         if self.verify and position not in self._verified:
             if path.stat().st_size != record["bytes"] or sha256_file(path) != record["sha256"]:
-                raise CorruptShardError(
-                    f"{path} is corrupted (sha256 differs from the manifest). Delete it and "
-                    f"{record_name(record['index'])}, then rerun data_gen with the same recipe to rebuild it"
-                )
+                raise CorruptShardError(self._disagreement(path, record))
             self._verified.add(position)
         return path
+
+    def _disagreement(self, path: Path, listed: dict[str, Any]) -> str:
+        """Why the shard at ``path`` and the manifest's entry ``listed`` disagree, judged by the third witness,
+        the shard's own record ``shard-XXXXX.json``: the odd one out is the damaged file, and an intact shard is
+        never called corrupted because the manifest was edited or copied from another run."""
+        manifest = self.split_dir / MANIFEST_NAME
+        record_path = self.split_dir / record_name(listed["index"])
+        own = _read_json(record_path)
+        actual = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+        if own is not None and _same_bytes(own, actual):
+            return (
+                f"{manifest} lists a sha256 for {path.name} that the shard does not have, but the shard matches "
+                f"its own record {record_path}: the manifest is the odd one out (edited, or copied from another "
+                f"run), the shard is intact. Rerun data_gen with the same recipe on {self.split_dir.parent}: it "
+                "rewrites the manifest from the shard records"
+            )
+        if own is not None and _same_bytes(own, listed):
+            return (
+                f"{path} is corrupted (sha256 differs from the manifest and from its record {record_path}). "
+                f"Delete it and {record_path.name}, then rerun data_gen with the same recipe to rebuild it"
+            )
+        return (
+            f"{path} and {manifest} disagree about the shard's sha256, and its record {record_path} "
+            f"{'is missing' if own is None else 'agrees with neither'}, so which is damaged cannot be told. Delete "
+            f"{path.name} and {record_path.name}, then rerun data_gen with the same recipe on "
+            f"{self.split_dir.parent}: it rebuilds the shard and rewrites the manifest"
+        )
 
     def __len__(self) -> int:
         return len(self._index)
@@ -430,6 +455,20 @@ class FeatureDataset(Dataset):
                 if scale is not None:
                     sample[scale_name] = scale
         return sample
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is missing or unreadable."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _same_bytes(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two descriptions of a shard (record, manifest entry, the file itself) name the same bytes."""
+    return a.get("sha256") == b.get("sha256") and a.get("bytes") == b.get("bytes")
 
 
 def read_token_counts(output_dir: str | Path) -> tuple[torch.Tensor, dict[str, Any]]:
