@@ -110,10 +110,31 @@ def test_pipeline_entry_points_report_a_recipe_mistake_in_one_line(script, overr
 
 
 @pytest.mark.parametrize(
-    ("flag", "values"), [("--concurrency", ["1", "0"]), ("--batch-size", ["0"]), ("-k", ["-1"])]
+    ("flag", "values"),
+    [
+        ("--concurrency", ["1", "0"]),
+        ("--batch-size", ["0"]),
+        ("-k", ["-1"]),
+        ("--max-new-tokens", ["0"]),  # used to crash in the plot after the whole evaluation
+        ("--max-prompts", ["0"]),  # used to mean "all prompts"
+    ],
 )
 def test_eval_refuses_a_size_below_one_before_loading_anything(flag, values, tmp_path, capsys):
     """A batch of 0 would never finish a sweep; said in one line before any model is read (the draft path does
     not even exist)."""
     assert cli_main(["eval", str(tmp_path / "no-such-dir"), flag, *values]) == 2
     assert f"error: {flag} takes whole numbers of at least 1" in one_error_line(capsys)
+
+
+def test_eval_refuses_an_unknown_device_before_loading_anything(tmp_path, capsys):
+    assert cli_main(["eval", str(tmp_path / "no-such-dir"), "--device", "gpu0"]) == 1
+    assert "error: --device 'gpu0': not a device" in one_error_line(capsys)
+
+
+def test_a_prompt_file_that_is_not_utf8_is_named_by_line(tmp_path):
+    from speculators.eval.prompts import load_prompts
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"prompts.jsonl:2: not UTF-8 text \(byte 0xe9\); re-encode"):
+        load_prompts(prompts)

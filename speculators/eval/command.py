@@ -136,7 +136,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    sizes = {"--batch-size": [args.batch_size], "--concurrency": args.concurrency or [], "-k": args.k or []}
+    sizes = {
+        "--batch-size": [args.batch_size],
+        "--concurrency": args.concurrency or [],
+        "-k": args.k or [],
+        "--max-new-tokens": [args.max_new_tokens],
+        "--max-prompts": [] if args.max_prompts is None else [args.max_prompts],
+        "--max-prompts-per-suite": [] if args.max_prompts_per_suite is None else [args.max_prompts_per_suite],
+        "--max-prompt-tokens": [] if args.max_prompt_tokens is None else [args.max_prompt_tokens],
+    }
     for flag, values in sizes.items():
         if any(value < 1 for value in values):
             print(f"error: {flag} takes whole numbers of at least 1, got {values}", file=sys.stderr)

@@ -176,6 +176,7 @@ def evaluate(
     dict; with ``output_dir`` also writes ``results.json``, ``requests.jsonl`` and ``acceptance.png`` there, as
     one directory swapped in whole. Earlier results there are replaced only with ``overwrite``; a directory that
     holds anything else is refused, before any decoding (:mod:`speculators.outputs`)."""
+    check_device(device)
     if output_dir is not None:
         sources = [item for item in (draft, prompts, verifier) if isinstance(item, (str, Path))]
         check_output_dir(output_dir, EVAL_OUTPUT, sources, overwrite)
@@ -226,6 +227,17 @@ def vllm_refusal(verifier: Any) -> str | None:
     if config is None or not families.of_config(config).vllm_refusal:
         return None
     return families.vllm_serving_note(config)
+
+
+def check_device(device: str) -> None:
+    """A device this process can decode on, said before any model is loaded (``--device cuda`` on a CPU-only
+    torch used to end in torch's AssertionError traceback)."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        raise ValueError(f"--device {device!r}: not a device ({exc}); use cpu or cuda[:N]") from exc
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch sees no CUDA device here; use --device cpu")
 
 
 def check_settings(draft: DraftModel, settings: EvalSettings) -> None:

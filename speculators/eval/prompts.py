@@ -46,6 +46,18 @@ def resolve_prompt_file(path: str | Path | None) -> Path | None:
     return path
 
 
+def read_utf8(file: Path) -> str:
+    """A prompt file's text; bytes that are not UTF-8 are named by line, with the fix."""
+    data = file.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{file}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); re-encode the file as UTF-8"
+        ) from exc
+
+
 def load_prompts(path: str | Path | None = None, limit: int | None = None) -> list[Messages]:
     """Chat prompts (message lists ending with a user turn) from ``path`` or the shipped default set."""
     file = resolve_prompt_file(path)
@@ -53,7 +65,7 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None) -> li
         text = resources.files("speculators.prompts").joinpath(DEFAULT_PROMPTS).read_text()
         where = f"speculators/prompts/{DEFAULT_PROMPTS}"
     else:
-        text, where = file.read_text(), str(file)
+        text, where = read_utf8(file), str(file)
     prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

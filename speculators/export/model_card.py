@@ -135,22 +135,21 @@ def find_eval_artifacts(run_dir: Path | None) -> EvalArtifacts:
     return found
 
 
-def read_eval_results(path: str | Path) -> dict[str, Any]:
-    """The ``results.json`` of ``speculators eval`` at ``path``, or an error naming the file and the fix. The
-    exporter calls it before converting any weight, so a mistyped ``--eval-results`` costs no conversion."""
+def read_eval_results(path: str | Path, flag: str = "--eval-results") -> dict[str, Any]:
+    """The ``results.json`` of ``speculators eval`` at ``path``, or an error naming the flag, the file and the fix.
+    The exporter calls it before converting any weight, so a mistyped ``--eval-results`` costs no conversion."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"--eval-results {path}: no such file; run `speculators eval ... --output DIR` first"
-        )
+        raise FileNotFoundError(f"{flag} {path}: no such file; run `speculators eval ... --output DIR` first")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--eval-results {path}: not JSON ({exc})") from exc
+        raise ValueError(
+            f"{flag} {path}: not JSON ({exc}); pass the results.json `speculators eval` wrote"
+        ) from exc
     if not is_eval_results(data):
         raise ValueError(
-            f"--eval-results {path}: not the results.json of `speculators eval` (no runs with "
-            "acceptance_length_global)"
+            f"{flag} {path}: not the results.json of `speculators eval` (no runs with acceptance_length_global)"
         )
     return data
 
@@ -179,7 +178,7 @@ def add_eval_results(evals: EvalArtifacts, path: str | Path) -> None:
 def k_from_sweep(path: str | Path, concurrency: int = 1) -> tuple[int, dict[str, Any]]:
     """The k to serve: the one with the most tokens/s at ``concurrency`` in the k x concurrency sweep of a
     ``speculators eval --concurrency ...`` results.json (``reports.k_sweep``), and the sweep itself."""
-    data = read_eval_results(path)
+    data = read_eval_results(path, "--k-from-eval")
     sweep = (data.get("reports") or {}).get("k_sweep") or {}
     best = sweep.get("best_k") or {}
     if str(concurrency) not in best:

@@ -118,6 +118,22 @@ def test_zero_speculative_tokens_is_refused_not_ignored(run_dir, tmp_path, capsy
     assert not (tmp_path / "out").exists()
 
 
+def test_a_verifier_path_that_does_not_exist_is_named(run_dir, tmp_path, capsys):
+    for missing in ("/no/such/verifier", "../no-such-verifier"):
+        assert cli_main(["export", str(run_dir), str(tmp_path / "out"), "--verifier", missing]) == 1
+        assert f"verifier '{missing}' does not exist here" in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_k_from_eval_errors_name_their_own_flag(run_dir, tmp_path, capsys):
+    results = tmp_path / "results.json"
+    results.write_text("not json")
+    assert cli_main(["export", str(run_dir), str(tmp_path / "out"), "--k-from-eval", str(results)]) == 1
+    assert f"--k-from-eval {results}: not JSON" in one_error_line(capsys)
+    assert cli_main(["export", str(run_dir), str(tmp_path / "out"), "--serve-concurrency", "0"]) == 1
+    assert "--serve-concurrency 0" in one_error_line(capsys)
+
+
 # ---- convert ------------------------------------------------------------------------------------------------
 def test_convert_onto_itself_is_refused_and_keeps_its_card(exported, capsys):
     before = tree(exported)
