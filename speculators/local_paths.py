@@ -27,6 +27,8 @@ USER_ROOTS = frozenset(
     {"home", "Users", "root", "tmp", "var", "private", "mnt", "media", "data", "scratch", "work", "workspace"}
     | {"opt", "srv", "gpfs", "lustre", "nfs", "storage", "content", "kaggle", "teamspace", "fsx"}
 )
+# A Hub repository id: ``name`` or ``owner/name`` (letters, digits, ``-_.``, not starting with a dot or dash).
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 # Kernel and system interfaces (/dev/shm, /proc/cpuinfo): the same on every Linux machine, naming nobody's files.
 SYSTEM_ROOTS = frozenset({"dev", "proc", "sys", "etc"})
 HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<org>[^/\\]+?)--(?P<name>[^/\\]+)[/\\]snapshots[/\\][0-9a-f]+")
@@ -134,10 +136,28 @@ def local_paths_in_files(files: Iterable[Path], allowed: Iterable[str] = ()) -> 
     return found
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` has the shape of a Hub repository id (``owner/name`` or a bare ``name``)."""
+    return bool(HUB_ID.fullmatch(name)) and ".." not in name and "--" not in name
+
+
+def names_local_path(name: str, *bases: Path) -> bool:
+    """Whether a ``name_or_path`` names a local directory rather than a hub id: absolute, ``~``/``./``/``../``,
+    present relative to the current directory or one of ``bases``, or not a hub id's shape (``models/foo/bar``).
+    ``meta-llama/Llama-3.1-8B`` is a hub id; vLLM on another machine could resolve only that."""
+    if name in (".", "..") or name.startswith(("~", "./", "../", ".\\", "..\\")):
+        return True
+    if Path(name).is_absolute() or any((base / name).exists() for base in (Path.cwd(), *bases)):
+        return True
+    return not is_hub_id(name)
+
+
 __all__ = [
     "find_local_paths",
+    "is_hub_id",
     "is_local_path",
     "local_paths_in_files",
+    "names_local_path",
     "public_name",
     "public_path",
     "scrub",

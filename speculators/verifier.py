@@ -22,6 +22,7 @@ from torch import nn
 
 from speculators.atomic import atomic_directory, atomic_write_text
 from speculators.format.checkpoint import open_weights, weight_files
+from speculators.local_paths import names_local_path
 from speculators.precision import choose
 
 EMBEDDED_NAME = "smollm2"
@@ -121,9 +122,16 @@ def embedded_weights_note(name_or_path: str | Path) -> str | None:
 
 
 def resolve_verifier_path(name_or_path: str) -> str:
-    """``smollm2`` (or ``embedded``) → the converted embedded verifier; anything else is returned unchanged."""
+    """``smollm2`` (or ``embedded``) → the converted embedded verifier; anything else is returned unchanged, once
+    a name that can only be a local path is found to exist (a missing one used to reach the Hub's client, which
+    answered with its repo-id rules)."""
     if name_or_path in (EMBEDDED_NAME, "embedded"):
         return str(embedded_verifier_dir())
+    if names_local_path(name_or_path) and not Path(name_or_path).expanduser().is_dir():
+        raise FileNotFoundError(
+            f"verifier {name_or_path!r} does not exist here; pass --verifier with the verifier's local HF directory "
+            "or its hub id"
+        )
     return name_or_path
 
 

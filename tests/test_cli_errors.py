@@ -5,6 +5,7 @@ config.json alone: its weights (16 GB for an 8B model) are never read."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,29 @@ def test_a_prompt_file_that_is_not_utf8_is_named_by_line(tmp_path):
     prompts.write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')
     with pytest.raises(ValueError, match=r"prompts.jsonl:2: not UTF-8 text \(byte 0xe9\); re-encode"):
         load_prompts(prompts)
+
+
+@pytest.mark.parametrize("command", ["validate", "convert"])
+@pytest.mark.parametrize(
+    ("what", "says"),
+    [("run", "is a training run; export it first"), ("step", "is a trainer checkpoint; export it first")],
+)
+def test_a_run_or_step_where_a_draft_belongs_says_export_it_first(command, what, says, tmp_path, capsys):
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step-10"
+    (step / "state").mkdir(parents=True)
+    target = run if what == "run" else step
+    argv = [command, str(target)] + ([str(tmp_path / "out")] if command == "convert" else [])
+    assert cli_main(argv) == 1
+    captured = capsys.readouterr()
+    assert says in captured.out + captured.err and f"speculators export {target} OUT" in captured.out + captured.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_with_a_verifier_path_that_does_not_exist_says_so(tmp_path, capsys):
+    from speculators.verifier import resolve_verifier_path
+
+    for missing in (str(tmp_path / "gone"), "./gone", "../gone"):
+        with pytest.raises(FileNotFoundError, match=f"verifier '{re.escape(missing)}' does not exist here"):
+            resolve_verifier_path(missing)
+    assert resolve_verifier_path("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama/Llama-3.1-8B-Instruct"

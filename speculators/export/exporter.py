@@ -29,7 +29,7 @@ from speculators.export.sources import read_config
 from speculators.export.tensors import ascending_aux_layers, detect_prefix, standard_tensors, unprefixed
 from speculators.export.writer import write_validated
 from speculators.format.config import ProposalMethod, VerifierRef
-from speculators.format.validate import Finding, names_local_path
+from speculators.format.validate import Finding
 from speculators.outputs import EXPORT_OUTPUT, check_output_dir
 from speculators.runs import TrainerCheckpoint, list_checkpoints, locate_checkpoint, recipe_value
 from speculators.verifier import embedded_weights_note, resolve_dtype, resolve_verifier_path
@@ -53,11 +53,6 @@ def load_verifier_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
     from speculators import families
 
     path = resolve_verifier_path(name_or_path)
-    if names_local_path(path) and not Path(path).is_dir():
-        raise FileNotFoundError(
-            f"verifier {name_or_path!r} does not exist here; pass --verifier with the verifier's local HF directory "
-            "or its hub id"
-        )
     if Path(path, "config.json").is_file():
         config = read_config(path)
         return str(Path(path).resolve()), families.of_config(config).layer_source(config)

@@ -13,8 +13,8 @@ from typing import Any
 
 from speculators.format.checkpoint import read_config
 from speculators.format.config import verifier_name_or_path
-from speculators.format.validate import Finding, errors, names_local_path, validate_checkpoint
-from speculators.local_paths import local_paths_in_files
+from speculators.format.validate import Finding, errors, validate_checkpoint
+from speculators.local_paths import local_paths_in_files, names_local_path
 
 
 @dataclass

@@ -95,13 +95,26 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     errors that name the file."""
     path = Path(directory) / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} does not exist: every model directory (draft or verifier) needs a config.json"
-        )
+        raise FileNotFoundError(f"{path} does not exist: {missing_config_hint(directory)}")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}); fix or regenerate it") from exc
+
+
+def missing_config_hint(directory: str | Path) -> str:
+    """What a directory without config.json is, and the fix: users hand a run, a trainer step or a file to a
+    command that wants a model directory."""
+    directory = Path(directory)
+    if not directory.exists():
+        return f"{directory} does not exist"
+    if not directory.is_dir():
+        return f"{directory} is a file; pass the model directory that holds config.json"
+    if (directory / "checkpoints").is_dir():
+        return f"{directory} is a training run; export it first: `speculators export {directory} OUT`, then use OUT"
+    if (directory / "draft").is_dir() or (directory / "state").is_dir():
+        return f"{directory} is a trainer checkpoint; export it first: `speculators export {directory} OUT`"
+    return "every model directory (draft or verifier) needs a config.json"
 
 
 def load_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

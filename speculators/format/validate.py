@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,9 @@ from typing import Any
 import torch
 
 from speculators import draft_layer_types, families
-from speculators.format.checkpoint import load_tensors, weight_files
+from speculators.format.checkpoint import load_tensors, missing_config_hint, weight_files
 from speculators.format.config import verifier_name_or_path
+from speculators.local_paths import is_hub_id, names_local_path
 
 # types vLLM serves that no unit of this project declares (none today: dflash2, the last one, is a unit): their
 # shared keys are checked, their own keys and tensors are not (a warning says so)
@@ -60,8 +60,6 @@ DTYPES_BY_NAME = {
     "fp32": torch.float32,
     "float": torch.float32,
 }
-# A Hub repository id: ``name`` or ``owner/name`` (letters, digits, ``-_.``, not starting with a dot or dash).
-HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,8 @@ def validate_checkpoint(
     directory = Path(directory)
     config_path = directory / "config.json"
     if not config_path.exists():
-        return [Finding("error", str(config_path), "missing; a speculators checkpoint needs config.json")]
+        hint = missing_config_hint(directory)
+        return [Finding("error", str(config_path), f"missing; {hint}")]
     try:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as exc:
@@ -325,22 +324,6 @@ def _verifier_dir_config(name: str, path: Path) -> tuple[dict[str, Any] | None, 
         return json.loads(config_path.read_text()), None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, f"{config_path} is not readable JSON ({exc}); pass --verifier DIR"
-
-
-def is_hub_id(name: str) -> bool:
-    """Whether ``name`` has the shape of a Hub repository id (``owner/name`` or a bare ``name``)."""
-    return bool(HUB_ID.fullmatch(name)) and ".." not in name and "--" not in name
-
-
-def names_local_path(name: str, *bases: Path) -> bool:
-    """Whether a ``name_or_path`` names a local directory rather than a hub id: absolute, ``~``/``./``/``../``,
-    present relative to the current directory or one of ``bases``, or not a hub id's shape (``models/foo/bar``).
-    ``meta-llama/Llama-3.1-8B`` is a hub id; vLLM on another machine could resolve only that."""
-    if name in (".", "..") or name.startswith(("~", "./", "../", ".\\", "..\\")):
-        return True
-    if Path(name).is_absolute() or any((base / name).exists() for base in (Path.cwd(), *bases)):
-        return True
-    return not is_hub_id(name)
 
 
 def cached_hub_config(name: Any) -> dict[str, Any] | None:
