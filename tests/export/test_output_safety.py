@@ -18,6 +18,7 @@ from speculators.format import validate_checkpoint
 from speculators.format.validate import errors
 from tests.conftest import REPO_ROOT
 from tests.export.conftest import build_draft, make_run
+from tests.test_cli_errors import one_error_line
 
 EVAL_ARGS = ["--max-prompts", "1", "--max-new-tokens", "2", "-k", "1", "--batch-size", "1", "--no-oracle"]
 EVAL_ARGS += ["--dtype", "float32", "--threads", "1"]
@@ -30,14 +31,6 @@ def tree(root: Path) -> dict[str, str]:
         for path in sorted(root.rglob("*"))
         if path.is_file()
     }
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
