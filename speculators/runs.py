@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,18 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def require_resumable(path: Path) -> dict[str, Any]:
-    """The trainer state of a checkpoint that exact resume can load, or a FileNotFoundError saying what is missing."""
+    """The trainer state of a checkpoint that exact resume can load, or a FileNotFoundError saying what is wrong: a
+    path that does not exist or a run directory (both naming the run's checkpoints), or a step without the state
+    exact resume loads (``train.init_from`` can still start a new run from its weights)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"train.resume={path}: the path does not exist{checkpoints_note(run_of(path))}"
+        )
+    if checkpoints_dir(path).is_dir():
+        raise FileNotFoundError(
+            f"train.resume={path} is a run directory, not one of its checkpoints{checkpoints_note(path)}"
+        )
     missing = [name for name in (STATE_DIR, STATE_NAME) if not (path / name).exists()]
     if missing:
         raise FileNotFoundError(
@@ -102,6 +114,18 @@ def require_resumable(path: Path) -> dict[str, Any]:
             f"weights with train.init_from={path} instead"
         )
     return json.loads((path / STATE_NAME).read_text())
+
+
+def checkpoints_note(run_dir: Path | None) -> str:
+    """``"; <run> has step-4, step-8: ..."`` naming a run's complete checkpoints and how to resume one, or ``""``."""
+    found = list_checkpoints(run_dir) if run_dir is not None else []
+    if not found:
+        return ""
+    names = ", ".join(path.name for _, path in found)
+    return (
+        f"; {run_dir} has {names}: resume one of them (train.resume={found[-1][1]}), or the newest with "
+        f"run_dir={run_dir} train.resume=auto"
+    )
 
 
 # ---- precision ------------------------------------------------------------------------------------------------
@@ -186,9 +210,9 @@ def locate_checkpoint(source: str | Path) -> TrainerCheckpoint:
     if checkpoints_dir(source).is_dir():
         return _from_run(source)
     if is_complete_step(source):
-        return _from_step(source, _run_of(source), "given")
+        return _from_step(source, run_of(source), "given")
     if source.name == DRAFT_DIR and is_draft_dir(source) and is_complete_step(source.parent):
-        return _from_step(source.parent, _run_of(source.parent), "given")
+        return _from_step(source.parent, run_of(source.parent), "given")
     if is_draft_dir(source):
         _refuse_a_model(source)
         return TrainerCheckpoint(step_dir=None, draft_dir=source, state_dir=None, run_dir=None)
@@ -221,7 +245,9 @@ def resolve_draft_dir(source: str | Path) -> Path:
     return checkpoint.draft_dir
 
 
-def _run_of(path: Path) -> Path | None:
+def run_of(path: Path) -> Path | None:
+    """The run directory of a ``checkpoints/step-<N>`` path, or None for a step kept elsewhere."""
+    path = Path(path)
     return path.parent.parent if path.parent.name == CHECKPOINTS else None
 
 
@@ -234,6 +260,12 @@ def _from_run(run_dir: Path) -> TrainerCheckpoint:
     if latest is None:
         raise FileNotFoundError(
             f"{run_dir}/{CHECKPOINTS} has no complete step-<N> checkpoint (with draft/ or state/)"
+        )
+    if best:  # the best was pruned or deleted: say so rather than hand over another checkpoint silently
+        warnings.warn(
+            f"{checkpoints_dir(run_dir) / BEST_NAME} names step {best.get('step')} ({best.get('path')}), which is "
+            f"not a complete checkpoint any more; using the latest, {latest.name}, instead",
+            stacklevel=3,
         )
     return _from_step(latest, run_dir, "latest", best)
 
@@ -286,6 +318,7 @@ __all__ = [
     "TrainerCheckpoint",
     "best_checkpoint",
     "checkpoints_dir",
+    "checkpoints_note",
     "is_complete_step",
     "is_draft_dir",
     "latest_checkpoint",
@@ -296,6 +329,7 @@ __all__ = [
     "read_recipe",
     "recipe_value",
     "require_resumable",
+    "run_of",
     "resolve_draft_dir",
     "step_dir",
     "write_best",

@@ -55,10 +55,15 @@ def prune(run_dir: Path, keep: int) -> None:
 # ---- gathering full fp32 weights ----------------------------------------------------------------------------
 def write_run_config(run_dir: Path, cfg: Any, overrides: list[str]) -> None:
     """``<run_dir>/config.yaml``: every setting of the run, resolved, with the command-line overrides on top."""
+    header = "# resolved recipe of this run; overrides: " + (" ".join(overrides) or "(none)") + "\n"
+    atomic_write_text(Path(run_dir) / runs.RECIPE_NAME, header + recipe_yaml(cfg))
+
+
+def recipe_yaml(cfg: Any) -> str:
+    """The resolved recipe as ``config.yaml`` holds it (a resume compares its own recipe in this form)."""
     from omegaconf import OmegaConf
 
-    header = "# resolved recipe of this run; overrides: " + (" ".join(overrides) or "(none)") + "\n"
-    atomic_write_text(Path(run_dir) / runs.RECIPE_NAME, header + OmegaConf.to_yaml(cfg, resolve=True))
+    return OmegaConf.to_yaml(cfg, resolve=True)
 
 
 def gather_draft_state(accelerator, model) -> dict[str, torch.Tensor] | None:
@@ -139,6 +144,7 @@ __all__ = [
     "gather_draft_state",
     "load_step",
     "prune",
+    "recipe_yaml",
     "remove_partials",
     "save_step",
     "write_draft",

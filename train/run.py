@@ -57,22 +57,23 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
 
 @hydra.main(config_path="../recipes", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    from speculators.cli import user_errors_as_one_line
+    from speculators.cli import USER_ERRORS, user_errors_as_one_line
     from train.objectives import train_settings
     from train.settings import SettingsError
 
     cfg = finalize_config(cfg)
     run_dir = Path(str(cfg.run_dir))
-    with user_errors_as_one_line((SettingsError, FileNotFoundError)):  # a recipe mistake is not a crash
+    # a user's mistake (the recipe, a path, a refused resume, a full disk) is one line, not a traceback
+    with user_errors_as_one_line((*USER_ERRORS, SettingsError)):
         settings = train_settings(cfg)  # every problem of the recipe, before anything starts
-    if settings.train.dry_run:  # the memory plan only: no data, no DeepSpeed, no weights
-        from train.memory_plan import write_plan
+        if settings.train.dry_run:  # the memory plan only: no data, no DeepSpeed, no weights
+            from train.memory_plan import write_plan
 
-        write_plan(settings, run_dir)
-        return None
-    from train.trainer import train  # writes <run_dir>/config.yaml (the resolved recipe) first
+            write_plan(settings, run_dir)
+            return None
+        from train.trainer import train  # refuses a resume of another recipe before it writes anything
 
-    result = train(settings, run_dir)
+        result = train(settings, run_dir)
     best = result.get("best", {}).get("acceptance_length")
     return float(best) if best is not None else None  # what a Hydra sweeper would optimise
 

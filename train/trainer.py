@@ -46,6 +46,7 @@ from train.evaluation import evaluate
 from train.features import RowLayout
 from train.logs import RunLogger, console_line, eval_line
 from train.objectives import objective_for, train_settings
+from train.resume_guard import check_same_run, resume_source
 from train.settings import TrainSettings
 from train.step_stats import StepStats
 from train.ttt_attention import flex_shape_variants, limit_flex_recompiles
@@ -84,6 +85,9 @@ class Trainer:
         settings = train_settings(config)
         self.settings, self.run_dir = settings, Path(run_dir)
         train = settings.train
+        # a resume is the same run or refused here, before any set-up or write (train.resume_guard)
+        self.resume_from = resume_source(settings, self.run_dir)
+        resume_note = check_same_run(settings, self.run_dir, self.resume_from)
         self.objective = objective_for(settings)
         self.steps = self.objective.steps
         self.weights = self.objective.weights
@@ -97,7 +101,10 @@ class Trainer:
         self.is_main = self.accelerator.is_main_process
         self.world = self.accelerator.num_processes
         self.rank = self.accelerator.process_index
+        if resume_note and self.is_main:
+            print(resume_note, flush=True)
         self.verifier_name = settings.verifier.name_or_path
+        self._positions_checked = False
         self.verifier_config = verifier_config_dict(self.verifier_name)
         serving = families.vllm_serving_note(self.verifier_config)
         if serving and self.is_main:
@@ -126,6 +133,31 @@ class Trainer:
         self.total_steps = train.epochs * self.plan.steps_per_epoch
         if train.max_steps:
             self.total_steps = min(self.total_steps, train.max_steps)
+        self._require_heldout()
+
+    def _require_heldout(self) -> None:
+        """Without held-out data a run never evaluates and writes no ``checkpoints/best.json`` (export then takes
+        the last checkpoint, not the best). Offline features with no ``heldout/`` split at all are refused unless
+        the recipe holds out nothing on purpose (``data.heldout_fraction=0``); a split that came out empty (too few
+        conversations for the fraction) is said."""
+        heldout = self.features.heldout_set
+        if heldout is not None and len(heldout) > 0:
+            return
+        train, fraction = self.settings.train, self.settings.data.get("heldout_fraction")
+        if train.data_mode == "offline" and heldout is None and fraction != 0:
+            raise ValueError(
+                f"{train.data_dir}/heldout is missing: this run would never evaluate nor write "
+                "checkpoints/best.json; regenerate the features with a held-out split (data_gen/run.py with "
+                "data.heldout_fraction > 0, e.g. 0.02), or train without evaluation on purpose with "
+                "data.heldout_fraction=0"
+            )
+        why = "" if fraction == 0 else " held out no conversation of this data"
+        if self.is_main:
+            print(
+                f"no held-out data (data.heldout_fraction={fraction}{why}): this run does not evaluate and "
+                "writes no checkpoints/best.json",
+                flush=True,
+            )
 
     def _check_head(self, head: Any) -> None:
         """Before any step: the head must reproduce the verifier's own logits on the positions its feature source
@@ -153,7 +185,7 @@ class Trainer:
         head_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         self.head = head.to(self.device, dtype=head_dtype)
         # a resumed run loads its weights from the checkpoint: data-dependent initialisation would be wasted
-        fresh = not train.init_from and self._resume_path() is None
+        fresh = not train.init_from and self.resume_from is None
         self.draft_config, model = self.objective.build(
             self.verifier_config, self.features, self.vocab, self.head, fresh
         )
@@ -164,13 +196,6 @@ class Trainer:
         optimizer = make_optimizer(settings.optim, model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.is_deepspeed = self.accelerator.distributed_type.value == "DEEPSPEED"
-
-    def _resume_path(self) -> Path | None:
-        """The checkpoint :meth:`_start` loads (``train.resume``), or None for a fresh start."""
-        resume = self.settings.train.resume
-        if resume == "never":
-            return None
-        return runs.latest_checkpoint(self.run_dir) if resume == "auto" else Path(resume)
 
     # ---- one optimizer step -----------------------------------------------------------------------------
     def _train_step(self, window: list[Any], stats: StepStats, step: int) -> None:
@@ -184,7 +209,11 @@ class Trainer:
             plan = self.objective.plan(batch, loss_mask, self.head, seed)
             positions.add_positions(plan.masks)
             plans.append((batch, plan))
-        trained = positions.all_reduce(self.accelerator).trained.clamp_min(1.0)
+        counted = positions.all_reduce(self.accelerator)
+        if not self._positions_checked:  # the first step of this attempt, before it trains
+            self._require_positions(counted, step)
+            self._positions_checked = True
+        trained = counted.trained.clamp_min(1.0)
         scale = float(self.world * self.plan.grad_accum)
         for batch, plan in plans:
             with self.accelerator.accumulate(self.model):
@@ -197,6 +226,31 @@ class Trainer:
                     self.accelerator.clip_grad_norm_(self.model.parameters(), clip)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
+
+    def _require_positions(self, counted: StepStats, step: int) -> None:
+        """Before the first step of an attempt: a global batch with no trained position at any step means the run
+        has nothing to learn (its loss is 0 and nothing moves), so it stops here naming the likely cause."""
+        if float(counted.trained.sum()) > 0:
+            return
+        train, vocab = self.settings.train, self.vocab.draft_vocab_size
+        if float(counted.valid.sum()) == 0:
+            cause = (
+                "none of its positions is a target: the loss mask holds no token "
+                f"(train.loss_positions={train.loss_positions}: assistant tokens only; all: every token) or the "
+                f"rows are too short (train.max_length={train.max_length}); check the data"
+            )
+        else:
+            cause = (
+                f"the verifier's next token at every one of its {float(counted.valid.sum()):.0f} target "
+                f"positions lies outside the draft vocabulary (model.draft_vocab_size={vocab}: the most frequent "
+                "tokens of the data's token counts); "
+                "raise model.draft_vocab_size (null: the verifier's whole vocabulary), regenerate the data with the "
+                "verifier's own answers (data_gen.regenerate.enabled=true) or set train.mask_out_of_vocab=false"
+            )
+        raise ValueError(
+            f"nothing to learn: the first global batch of this attempt (step {step + 1}) has no trained position; "
+            + cause
+        )
 
     # ---- the loop ---------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -353,9 +407,10 @@ class Trainer:
         return step % every == 0 if every else epoch_end
 
     def _start(self) -> Progress:
-        """Fresh start or exact resume from the newest complete checkpoint (``train.resume``)."""
+        """Fresh start or exact resume from the newest complete checkpoint (``train.resume``). Every refusal comes
+        before the run directory is written."""
         acc = self.accelerator
-        resume = self.settings.train.resume
+        state = self._resume_state()
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.write_run_config(self.run_dir, self.settings.resolved, hydra_overrides())
@@ -369,16 +424,23 @@ class Trainer:
             self.settings.seed * 1000 + self.rank
         )  # stray randomness: per rank, restored on resume
         progress = Progress(world_size=self.world, global_batch=self.plan.global_batch)
-        if resume == "never":
-            if runs.list_checkpoints(self.run_dir):
-                raise FileExistsError(
-                    f"{self.run_dir} already has checkpoints and train.resume=never; choose another run_dir or "
-                    "set train.resume=auto to continue it"
-                )
+        if state is None:
             return progress
-        path = self._resume_path()
+        path = self.resume_from
+        ckpt.load_step(acc, path)
+        known = {f for f in Progress.__dataclass_fields__}
+        progress = Progress(**{k: v for k, v in state.items() if k in known})
+        progress.world_size = self.world
+        if self.is_main:
+            print(f"resumed from {path} at step {progress.step}", flush=True)
+        return progress
+
+    def _resume_state(self) -> dict[str, Any] | None:
+        """The trainer state of the checkpoint this launch resumes (None: a fresh start), refused when exact
+        resume cannot load it here (the recipe was compared in ``__init__``)."""
+        path = self.resume_from
         if path is None:
-            return progress
+            return None
         state = runs.require_resumable(path)
         if self.is_deepspeed and int(state["world_size"]) != self.world:
             raise ValueError(
@@ -392,13 +454,7 @@ class Trainer:
                 f"{self.plan.global_batch} (micro_batch_size × grad_accum × processes): exact resume needs the "
                 "same global batch; adjust train.micro_batch_size/grad_accum or the process count"
             )
-        ckpt.load_step(acc, path)
-        known = {f for f in Progress.__dataclass_fields__}
-        progress = Progress(**{k: v for k, v in state.items() if k in known})
-        progress.world_size = self.world
-        if self.is_main:
-            print(f"resumed from {path} at step {progress.step}", flush=True)
-        return progress
+        return state
 
     def _announce(self, progress: Progress) -> None:
         params = self.accelerator.unwrap_model(self.model).parameters()

@@ -59,6 +59,8 @@ class Objective:
     groups: ClassVar[Mapping[str, type]] = {}
     # whether its draft layers can attend through a sliding window (model.sliding_window)
     sliding_window_layers: ClassVar[bool] = False
+    # the recipe key that sets :attr:`steps` (named when train.max_length leaves a step nothing to train)
+    steps_key: ClassVar[str] = "train.ttt_steps"
 
     def __init__(self, settings: TrainSettings) -> None:
         self.settings = settings
@@ -202,7 +204,22 @@ class ObjectiveRules(AlgorithmRules):
         algorithm = settings.train.algorithm
         if algorithm not in algorithms():
             return [f"train.algorithm={algorithm!r}: use one of {', '.join(algorithms())}"]
-        return objective_class(algorithm).settings_problems(settings)
+        return objective_class(algorithm).settings_problems(settings) or row_length_problems(settings)
+
+
+def row_length_problems(settings: TrainSettings) -> list[str]:
+    """Step j of a draft started after position t targets the token at t + 2 + j, so a row trains the deepest of
+    ``steps`` drafted positions only when it holds at least ``steps + 2`` tokens: with a shorter
+    ``train.max_length`` those steps train on nothing, silently."""
+    objective = objective_for(settings)
+    steps, length = objective.steps, settings.train.max_length
+    if length >= steps + 2:
+        return []
+    return [
+        f"train.max_length={length}: rows shorter than {steps} drafted positions + 2 = {steps + 2} tokens "
+        f"({objective.steps_key}) leave the deepest steps nothing to train on; raise train.max_length to at least "
+        f"{steps + 2} or lower {objective.steps_key}"
+    ]
 
 
 def train_settings(config: Any) -> TrainSettings:

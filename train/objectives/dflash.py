@@ -304,6 +304,7 @@ class AnchorBlocks(Objective):
 
     algorithms = ("dflash",)
     groups = {"block": BlockSettings}
+    steps_key = "block.block_size"
     config_class = DFlashConfig
     model_class = DFlashDraftModel
     # the module accelerate prepares around the draft (a block drafter with heads scored in its forward subclasses it)
