@@ -22,11 +22,13 @@ rate a function of the step, and model/optimizer/RNG come from ``state/``. Old s
 from __future__ import annotations
 
 import copy
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from speculators import algorithms, runs
 from speculators.atomic import atomic_write_json, atomic_write_text
@@ -133,10 +135,27 @@ def save_step(
     return final
 
 
+# What a damaged state file raises from the readers accelerate and DeepSpeed use (safetensors, torch.load's zip
+# reader, pickle): none of them names the checkpoint or says what to do.
+DAMAGED_STATE_ERRORS = (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError, OSError)
+
+
 def load_step(accelerator, path: Path) -> dict[str, Any]:
-    """Restore model, optimizer and every rank's RNG from ``path/state``; returns its trainer state."""
+    """Restore model, optimizer and every rank's RNG from ``path/state``; returns its trainer state. A state that
+    cannot be read (truncated by a full disk, a killed copy) is a ValueError naming the checkpoint and the way on,
+    not the reader's own error (the recipe was compared before: train.resume_guard)."""
     trainer_state = runs.require_resumable(path)
-    accelerator.load_state(str(path / runs.STATE_DIR))
+    try:
+        accelerator.load_state(str(path / runs.STATE_DIR))
+    except DAMAGED_STATE_ERRORS as exc:
+        run = runs.run_of(path)
+        earlier = [str(step) for _, step in runs.list_checkpoints(run) if step != path] if run else []
+        raise ValueError(
+            f"{path / runs.STATE_DIR} cannot be loaded ({type(exc).__name__}: {str(exc)[:200]}): the checkpoint is "
+            "damaged (truncated by a full disk or a killed copy?); resume an earlier one with train.resume=<path>"
+            + (f" ({', '.join(earlier[-3:])})" if earlier else "")
+            + f", or start a new run from its weights with train.init_from={path}"
+        ) from exc
     return trainer_state
 
 

@@ -155,3 +155,16 @@ def test_export_warns_when_best_json_names_a_deleted_step(run_copy):
     with pytest.warns(UserWarning, match=r"best\.json names step 2 .*using the latest, step-4, instead"):
         checkpoint = runs.locate_checkpoint(run_copy)
     assert checkpoint.step == 4 and checkpoint.selected_by == "latest"
+
+
+def test_a_damaged_checkpoint_state_is_named_with_the_way_on(sharp_verifier, tiny_data, run_copy):
+    """A state file truncated (a full disk, a killed copy) is a ValueError naming the checkpoint, the earlier one
+    to resume and init_from, not the reader's own error (train/run.py prints it in one line)."""
+    state = run_copy / "checkpoints" / "step-4" / "state"
+    weights = next(state.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError) as refused:
+        resume(sharp_verifier, tiny_data, run_copy)
+    message = str(refused.value)
+    assert f"{state} cannot be loaded" in message and "damaged" in message
+    assert str(run_copy / "checkpoints" / "step-2") in message and "train.init_from=" in message
