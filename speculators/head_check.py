@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from speculators.atomic import fsync_replace, temp_sibling
@@ -67,7 +67,9 @@ class HeadProbe:
         path = Path(path)
         if not path.is_file():
             return None
-        tensors = load_file(str(path))
+        from speculators.format.checkpoint import read_weights_file
+
+        tensors, _ = read_weights_file(path)
         return cls(
             tensors["last_prenorm"].float(), tensors["top_ids"].long(), tensors["top_logprobs"].float()
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 
 @dataclass
@@ -39,20 +39,28 @@ class DraftVocab:
         return torch.arange(self.draft_vocab_size) + self.d2t
 
     def save(self, path: str | Path) -> None:
-        """Write ``<path>`` (safetensors) with the provenance in its metadata."""
-        save_file(
-            {"d2t": self.d2t.contiguous(), "t2d": self.t2d.contiguous()},
-            str(path),
-            metadata={"provenance": json.dumps(self.provenance)},
-        )
+        """Write ``<path>`` (safetensors) with the provenance in its metadata, atomically (a temporary sibling
+        renamed into place: a run killed mid-write keeps the earlier file)."""
+        from speculators.atomic import fsync_replace, temp_sibling
+
+        path = Path(path)
+        temporary = temp_sibling(path)
+        try:
+            save_file(
+                {"d2t": self.d2t.contiguous(), "t2d": self.t2d.contiguous()},
+                str(temporary),
+                metadata={"provenance": json.dumps(self.provenance)},
+            )
+            fsync_replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: str | Path) -> DraftVocab:
-        from safetensors import safe_open
+        from speculators.format.checkpoint import read_weights_file
 
-        with safe_open(str(path), framework="pt") as handle:
-            provenance = json.loads((handle.metadata() or {}).get("provenance", "{}"))
-        tensors = load_file(str(path))
+        tensors, metadata = read_weights_file(path)
+        provenance = json.loads(metadata.get("provenance", "{}"))
         return cls(d2t=tensors["d2t"], t2d=tensors["t2d"], provenance=provenance)
 
     def check_compatible(

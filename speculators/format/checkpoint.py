@@ -80,6 +80,12 @@ def open_weights(path: str | Path) -> Iterator[Any]:
         raise ValueError(f"{path}: cannot be read ({exc}): {UNREADABLE_WEIGHTS_FIX}") from exc
 
 
+def read_weights_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``(tensors, metadata)`` of one safetensors file, a damaged file named with the fix (:func:`open_weights`)."""
+    with open_weights(path) as handle:
+        return {name: handle.get_tensor(name) for name in handle.keys()}, dict(handle.metadata() or {})
+
+
 def load_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint, by their stored (unprefixed) names."""
     tensors: dict[str, torch.Tensor] = {}

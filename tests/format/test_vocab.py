@@ -40,3 +40,17 @@ def test_save_load_and_provenance_check(tmp_path, smollm2_tokenizer):
         loaded.check_compatible("0" * 64, 10)
     with pytest.raises(ValueError, match="draft_vocab_size"):
         loaded.check_compatible(fingerprint, 12)
+
+
+def test_a_damaged_draft_vocab_file_is_named_with_the_fix(tmp_path):
+    """draft_vocab.safetensors truncated (a full disk): one ValueError naming the file, not safetensors' own."""
+    from speculators.vocab import DraftVocab
+
+    path = tmp_path / "draft_vocab.safetensors"
+    vocab = build_draft_vocab(torch.randint(1, 100, (1000,)), 100)
+    vocab.save(path)
+    assert torch.equal(DraftVocab.load(path).t2d, vocab.t2d)
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(ValueError, match="draft_vocab.safetensors: cannot be read .*re-export or re-download"):
+        DraftVocab.load(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["draft_vocab.safetensors"]  # the save left no temporary
