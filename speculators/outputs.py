@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from speculators.atomic import atomic_directory
 
 
 class UnsafeOutputError(ValueError):
@@ -126,4 +129,27 @@ def check_output_dir(
     return True
 
 
-__all__ = ["EVAL_OUTPUT", "EXPORT_OUTPUT", "OutputKind", "UnsafeOutputError", "check_output_dir"]
+@contextmanager
+def output_directory(
+    target: str | Path,
+    kind: OutputKind,
+    sources: Iterable[str | Path | None] = (),
+    overwrite: bool = False,
+) -> Iterator[Path]:
+    """:func:`speculators.atomic.atomic_directory` for a command's output: ``target`` is checked
+    (:func:`check_output_dir`) before the caller writes anything, and again just before the swap (a long write may
+    end after someone put files there)."""
+    sources = tuple(sources)
+    check_output_dir(target, kind, sources, overwrite)
+    with atomic_directory(target, lambda now: check_output_dir(now, kind, sources, overwrite)) as staging:
+        yield staging
+
+
+__all__ = [
+    "EVAL_OUTPUT",
+    "EXPORT_OUTPUT",
+    "OutputKind",
+    "UnsafeOutputError",
+    "check_output_dir",
+    "output_directory",
+]

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 from speculators import algorithms
-from speculators.atomic import atomic_directory, atomic_write_json
+from speculators.atomic import atomic_write_json
 from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, plain_generate
 from speculators.decoding.drafters import default_k
 from speculators.eval.plot import algorithm_name
@@ -36,7 +36,7 @@ from speculators.eval.suites import CHATS, PromptLabel, labelled_chats
 from speculators.eval.suites import provenance as suite_provenance
 from speculators.eval.table import REQUESTS_NAME, Request, as_stats, reports, write_requests
 from speculators.models.draft import DraftModel
-from speculators.outputs import EVAL_OUTPUT, check_output_dir
+from speculators.outputs import EVAL_OUTPUT, check_output_dir, output_directory
 from speculators.precision import choose, dtype_name
 
 RESULTS_NAME = "results.json"
@@ -879,9 +879,7 @@ def write_results(
     ``overwrite`` (checked again just before the swap)."""
     from speculators.eval.plot import plot_acceptance
 
-    last_check = lambda target: check_output_dir(target, EVAL_OUTPUT, overwrite=overwrite)  # noqa: E731
-    last_check(output_dir)
-    with atomic_directory(output_dir, last_check) as staging:
+    with output_directory(output_dir, EVAL_OUTPUT, overwrite=overwrite) as staging:
         if rows is not None:
             write_requests(rows, staging / REQUESTS_NAME)
         atomic_write_json(staging / RESULTS_NAME, results, indent=2)

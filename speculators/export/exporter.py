@@ -107,8 +107,7 @@ def export_checkpoint(
         raise ValueError(
             f"--serve-concurrency {serve_concurrency}: give the number of requests served at once (1 or more)"
         )
-    if not Path(source).exists():
-        raise FileNotFoundError(f"{source} does not exist; pass a training run directory or a checkpoint")
+    checkpoint = locate_checkpoint(source)  # a missing source is said here; no weight is read yet
     sources = (source, verifier, eval_results, k_from_eval)
     replaced = check_output_dir(out_dir, EXPORT_OUTPUT, sources)  # before any weight is read
     if model_card and eval_results is not None:
@@ -122,7 +121,6 @@ def export_checkpoint(
                 f"{serve_concurrency}) disagree; give one of them"
             )
         speculative_tokens = measured
-    checkpoint = locate_checkpoint(source)
     draft_config, tensors = read_trainer_weights(checkpoint)
     verifier_ref = (
         verifier

@@ -18,10 +18,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from speculators.atomic import atomic_directory
 from speculators.format.checkpoint import WEIGHTS_NAME
 from speculators.format.validate import Finding, errors, validate_checkpoint
-from speculators.outputs import EXPORT_OUTPUT, check_output_dir
+from speculators.outputs import EXPORT_OUTPUT, output_directory
 
 
 class InvalidCheckpointError(ValueError):
@@ -45,9 +44,7 @@ def write_validated(
     validator passed on the staged copy. Returns the (warning-only) findings; raises ``InvalidCheckpointError``,
     or ``UnsafeOutputError`` when ``out_dir`` holds anything but an earlier export or one of ``sources``."""
     out_dir = Path(out_dir)
-    check_output_dir(out_dir, EXPORT_OUTPUT, sources)
-    last_check = lambda target: check_output_dir(target, EXPORT_OUTPUT, sources)  # noqa: E731
-    with atomic_directory(out_dir, last_check) as staging:
+    with output_directory(out_dir, EXPORT_OUTPUT, sources) as staging:
         save_file(
             {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
             str(staging / WEIGHTS_NAME),

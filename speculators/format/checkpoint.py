@@ -16,8 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from speculators.atomic import atomic_directory
-from speculators.outputs import EXPORT_OUTPUT, check_output_dir
+from speculators.outputs import EXPORT_OUTPUT, output_directory
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -31,8 +30,7 @@ def save_checkpoint(
 ) -> Path:
     """Atomically write ``config.json``, ``model.safetensors`` and any extra files (e.g. ``README.md``). The
     directory is replaced only when it is new, empty or an earlier checkpoint (:mod:`speculators.outputs`)."""
-    check_output_dir(directory, EXPORT_OUTPUT)
-    with atomic_directory(directory, lambda target: check_output_dir(target, EXPORT_OUTPUT)) as staging:
+    with output_directory(directory, EXPORT_OUTPUT) as staging:
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(
             {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
