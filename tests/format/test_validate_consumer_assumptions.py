@@ -5,7 +5,6 @@ safetensors files (or one error naming the file and the fix, never a library tra
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from speculators.format.validate import errors, validate_checkpoint
 from tests.support.verifiers import build_tiny_verifier
 
 from .test_roundtrip import build_draft
+from .test_validate import mutate
 
 REEXPORT = "re-export with `speculators export --dtype bfloat16`"
 UNREADABLE = "truncated or not a safetensors file; re-export or re-download it"
@@ -34,24 +34,6 @@ def bf16_draft(tmp_path_factory, verifier) -> Path:
     """A valid draft as published: bf16 weights, int64 d2t and bool t2d, config torch_dtype bfloat16."""
     model = build_draft(verifier, draft_vocab_size=256)
     return model.save_pretrained(tmp_path_factory.mktemp("good") / "draft", dtype=torch.bfloat16)
-
-
-def copy_draft(
-    src: Path,
-    dst: Path,
-    tensors_fn: Callable[[dict], None] | None = None,
-    config_fn: Callable[[dict], None] | None = None,
-) -> Path:
-    shutil.copytree(src, dst)
-    if tensors_fn is not None:
-        tensors = load_file(dst / "model.safetensors")
-        tensors_fn(tensors)
-        save_file(tensors, dst / "model.safetensors")
-    if config_fn is not None:
-        config = json.loads((dst / "config.json").read_text())
-        config_fn(config)
-        (dst / "config.json").write_text(json.dumps(config))
-    return dst
 
 
 def validate_cli(directory: Path, capsys, *extra: str) -> tuple[int, list[str]]:
@@ -93,7 +75,7 @@ def test_integer_weights_are_an_error_naming_the_tensor_and_the_fix(bf16_draft, 
     def quantized_fc(tensors: dict) -> None:
         tensors["fc.weight"] = torch.zeros_like(tensors["fc.weight"], dtype=torch.int8)
 
-    bad = copy_draft(bf16_draft, tmp_path / "int8", quantized_fc)
+    bad = mutate(bf16_draft, tmp_path / "int8", tensors_fn=quantized_fc)
     status, lines = validate_cli(bad, capsys)
     assert status == 1
     found = [line for line in lines if line.startswith("ERROR") and "fc.weight" in line]
@@ -103,7 +85,7 @@ def test_integer_weights_are_an_error_naming_the_tensor_and_the_fix(bf16_draft, 
 
 
 def test_float64_weights_under_a_bfloat16_config_are_one_error(bf16_draft, tmp_path, capsys):
-    bad = copy_draft(bf16_draft, tmp_path / "float64", weights_as(torch.float64))
+    bad = mutate(bf16_draft, tmp_path / "float64", tensors_fn=weights_as(torch.float64))
     assert read_config(bad)["torch_dtype"] == "bfloat16"
     status, lines = validate_cli(bad, capsys)
     assert status == 1
@@ -114,7 +96,7 @@ def test_float64_weights_under_a_bfloat16_config_are_one_error(bf16_draft, tmp_p
 
 def test_float_weights_of_another_dtype_than_torch_dtype_are_a_warning(bf16_draft, tmp_path, capsys):
     """Consumers cast a float32 draft, so it loads; but its config says bfloat16, which is a surprise."""
-    mixed = copy_draft(bf16_draft, tmp_path / "float32", weights_as(torch.float32))
+    mixed = mutate(bf16_draft, tmp_path / "float32", tensors_fn=weights_as(torch.float32))
     status, lines = validate_cli(mixed, capsys)
     assert status == 0
     found = [line for line in lines if line.startswith("WARNING") and "torch_dtype" in line]
@@ -128,14 +110,14 @@ def test_float16_weights_under_a_float16_config_are_clean(bf16_draft, tmp_path, 
     def say_float16(config: dict) -> None:
         config["torch_dtype"] = "float16"
 
-    half = copy_draft(bf16_draft, tmp_path / "float16", weights_as(torch.float16), say_float16)
+    half = mutate(bf16_draft, tmp_path / "float16", say_float16, weights_as(torch.float16))
     assert validate_checkpoint(half, read_config(verifier)) == []
 
 
 # ---- a verifier the cross-checks cannot read ---------------------------------------------------------------
 def test_a_missing_absolute_verifier_path_says_the_checks_did_not_run(bf16_draft, tmp_path, capsys):
     gone = tmp_path / "deleted" / "v_llama"
-    draft = copy_draft(bf16_draft, tmp_path / "draft", config_fn=naming(str(gone)))
+    draft = mutate(bf16_draft, tmp_path / "draft", config_fn=naming(str(gone)))
     status, lines = validate_cli(draft, capsys)
     assert status == 0
     assert any(
@@ -148,7 +130,7 @@ def test_a_missing_absolute_verifier_path_says_the_checks_did_not_run(bf16_draft
 def test_a_missing_relative_verifier_path_says_the_checks_did_not_run(
     bf16_draft, tmp_path, monkeypatch, capsys
 ):
-    draft = copy_draft(bf16_draft, tmp_path / "drafts" / "d", config_fn=naming("../v_llama"))
+    draft = mutate(bf16_draft, tmp_path / "drafts" / "d", config_fn=naming("../v_llama"))
     monkeypatch.chdir(draft)  # ../v_llama is looked up from here: tmp_path/drafts/v_llama, absent
     status, lines = validate_cli(draft, capsys)
     assert status == 0
@@ -158,14 +140,14 @@ def test_a_missing_relative_verifier_path_says_the_checks_did_not_run(
 
 
 def test_the_checks_run_again_once_the_verifier_is_given(bf16_draft, tmp_path, verifier, capsys):
-    draft = copy_draft(bf16_draft, tmp_path / "draft", config_fn=naming(str(tmp_path / "gone")))
+    draft = mutate(bf16_draft, tmp_path / "draft", config_fn=naming(str(tmp_path / "gone")))
     status, lines = validate_cli(draft, capsys, "--verifier", str(verifier))
     assert status == 0 and not any("not run" in line for line in lines), lines
 
 
 def test_an_uncached_hub_verifier_gets_one_not_checked_line(bf16_draft, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    draft = copy_draft(bf16_draft, tmp_path / "draft", config_fn=naming("example-org/tiny-llama"))
+    draft = mutate(bf16_draft, tmp_path / "draft", config_fn=naming("example-org/tiny-llama"))
     status, lines = validate_cli(draft, capsys)
     assert status == 0
     found = [line for line in lines if "verifier checks not run" in line]
@@ -177,7 +159,7 @@ def test_an_uncached_hub_verifier_gets_one_not_checked_line(bf16_draft, tmp_path
 def test_a_verifier_directory_without_config_json_is_said(bf16_draft, tmp_path):
     empty = tmp_path / "v_empty"
     empty.mkdir()
-    draft = copy_draft(bf16_draft, tmp_path / "draft", config_fn=naming(str(empty)))
+    draft = mutate(bf16_draft, tmp_path / "draft", config_fn=naming(str(empty)))
     messages = [f.message for f in validate_checkpoint(draft) if f.severity == "warning"]
     assert f"verifier checks not run: {empty} has no config.json; pass --verifier DIR" in " ".join(messages)
 
@@ -188,7 +170,7 @@ def test_a_local_verifier_is_still_read_and_checked(bf16_draft, tmp_path, verifi
     def other_vocab(config: dict) -> None:
         config["transformer_layer_config"]["vocab_size"] = 2000
 
-    draft = copy_draft(bf16_draft, tmp_path / "draft", config_fn=other_vocab)
+    draft = mutate(bf16_draft, tmp_path / "draft", config_fn=other_vocab)
     assert read_config(draft)["speculators_config"]["verifier"]["name_or_path"] == str(verifier)
     text = " ".join(f.message for f in errors(validate_checkpoint(draft)))
     assert "the verifier's vocab_size 1000" in text
@@ -207,7 +189,7 @@ def garbage(directory: Path) -> None:
 
 @pytest.mark.parametrize("damage", [truncated, garbage], ids=["truncated", "garbage"])
 def test_validate_names_a_damaged_weight_file_and_the_fix(damage, bf16_draft, tmp_path, capsys):
-    draft = copy_draft(bf16_draft, tmp_path / "draft")
+    draft = mutate(bf16_draft, tmp_path / "draft")
     damage(draft)
     status, lines = validate_cli(draft, capsys)
     assert status == 1
@@ -217,7 +199,7 @@ def test_validate_names_a_damaged_weight_file_and_the_fix(damage, bf16_draft, tm
 
 
 def test_validate_names_the_damaged_shard_of_a_sharded_checkpoint(bf16_draft, tmp_path):
-    draft = copy_draft(bf16_draft, tmp_path / "draft")
+    draft = mutate(bf16_draft, tmp_path / "draft")
     tensors = load_file(draft / "model.safetensors")
     (draft / "model.safetensors").unlink()
     names = sorted(tensors)
@@ -235,7 +217,7 @@ def test_validate_names_the_damaged_shard_of_a_sharded_checkpoint(bf16_draft, tm
 
 @pytest.mark.parametrize("damage", [truncated, garbage], ids=["truncated", "garbage"])
 def test_export_of_a_damaged_draft_is_one_error_line(damage, bf16_draft, tmp_path, capsys):
-    draft = copy_draft(bf16_draft, tmp_path / "draft")
+    draft = mutate(bf16_draft, tmp_path / "draft")
     damage(draft)
     assert cli_main(["export", str(draft), str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
