@@ -18,7 +18,7 @@ export DS_BUILD_OPS := 0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: vllm-flavour-changed setup consumers vllm-env speculators-env test test-fast demo bench bench-extended lint clean
+.PHONY: vllm-flavour-changed setup consumers vllm-env speculators-env test test-fast demo adapt-demo bench bench-extended lint clean
 
 setup: $(VENV)/.stamp
 
@@ -71,6 +71,11 @@ test-fast: setup
 
 demo: setup vllm-env
 	scripts/demo.sh
+
+# after `make demo` (it runs it when its draft is missing): the demo draft serves a shifted stream, learns from it
+# (train/adapt.py) and is measured again on the stream's next requests; docs/adapt.md
+adapt-demo: setup vllm-env
+	scripts/adapt_demo.sh
 
 bench: setup vllm-env
 	$(PY) bench/run.py

@@ -30,6 +30,7 @@ STANDALONE = (
     "levers_bench",
     "drafter_levers_bench",
     "vllm_timing_bench",
+    "adapt_bench",
 )
 BENCHES = MAKE_BENCH + STANDALONE
 

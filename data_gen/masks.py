@@ -23,6 +23,15 @@ Conversations whose text contains one of the tokenizer's special tokens (e.g. a 
 refused per conversation: they would forge turn boundaries. So is a conversation the template itself refuses (a
 strict template's ``raise_exception("Conversation roles must alternate ...")``, as Gemma 3's, Llama-2's and
 Mistral's do): :class:`MaskingError` ``template_error``, dropped and counted by the pipeline, never the run.
+
+Error replay (``data_gen.regenerate.backend: engine``, :mod:`data_gen.error_replay`): an assistant message carrying
+``"rejected_at"`` (character offsets in its content where the current draft's token was rejected) gives its sample
+per-token ``loss_weight``: the masker finds the content verbatim in the rendered text (after the turn's generation
+prompt), maps each offset to the loss token holding it, and weights it ``replay_weight`` against 1.0 for the other
+loss tokens, scaled to a mean of 1.0 over the sample's loss tokens (after any truncation). A content the template
+does not render verbatim (Qwen3 splitting a ``<think>`` block out of it), or a generation-tag template whose text
+re-tokenises differently from its ids, gets no emphasis for that turn. Samples without any ``rejected_at``, and
+every sample when ``replay_weight`` is 1.0, keep ``loss_weight=None``.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from data_gen.error_replay import normalized, replay_weights
 from data_gen.sources import Conversation
 from speculators.families import ChatFormat
 
@@ -78,6 +88,8 @@ class EncodedSample:
     input_ids: list[int]
     loss_mask: list[int]  # 0/1, same length
     truncated: bool = False
+    # error replay: per-token weights, 0 outside the loss mask, mean 1.0 over loss tokens (None: uniform)
+    loss_weight: list[float] | None = None
 
 
 TEMPLATE_FILE_SUFFIXES = (".jinja", ".j2", ".txt")
@@ -128,7 +140,12 @@ def load_chat_template(tokenizer: Any, override: str | None = None) -> str:
 
 
 class ChatMasker:
-    """Tokenises conversations with the verifier's chat template and marks the assistant tokens."""
+    """Tokenises conversations with the verifier's chat template and marks the assistant tokens.
+
+    ``replay_weight``: the emphasis of a rejected draft token (``data_gen.regenerate.replay_weight``; the pipeline's
+    ``build_regenerator`` sets it for the engine back-end); 1.0 builds no weights."""
+
+    replay_weight: float = 1.0
 
     def __init__(
         self,
@@ -355,7 +372,52 @@ class ChatMasker:
                 "unmaskable", f"conversation {conversation.id!r}: the template marked no token"
             )
         self._unmask_closing_of_truncated(conversation, ids, mask)
-        return EncodedSample(conversation.id, ids, mask)
+        return EncodedSample(
+            conversation.id, ids, mask, loss_weight=self._tagged_weights(conversation, ids, mask)
+        )
+
+    # ---- error replay -----------------------------------------------------------------------------------------
+    def _rejected_chars(
+        self, message: dict[str, Any], text: str, after: int, before: int
+    ) -> list[int] | None:
+        """Absolute offsets in ``text`` of an assistant message's ``rejected_at``, its content searched verbatim in
+        ``text[after:before]`` (the turn); ``[]`` when it is not there, None when the message carries none."""
+        if message.get("rejected_at") is None:
+            return None
+        start = text.find(message["content"], after, before)
+        return [] if start < 0 else [start + int(offset) for offset in message["rejected_at"]]
+
+    def _weights(
+        self, mask: list[int], offsets: list[tuple[int, int]], rejected: list[int] | None
+    ) -> list[float] | None:
+        """Raw per-token weights (normalised by :func:`fit_length`), or None without rejections or emphasis."""
+        if rejected is None or self.replay_weight == 1.0:
+            return None
+        return replay_weights(mask, offsets, rejected, self.replay_weight)
+
+    def _tagged_weights(
+        self, conversation: Conversation, ids: list[int], mask: list[int]
+    ) -> list[float] | None:
+        """Weights for a generation-tag sample: its ids come without character offsets, so the rendered text is
+        tokenised again; when that gives other ids the offsets cannot be trusted and the sample gets none."""
+        messages = conversation.messages
+        if self.replay_weight == 1.0 or all(m.get("rejected_at") is None for m in messages):
+            return None
+        full = self.render(messages)
+        again, offsets = self.tokenize(full)
+        if again != ids:
+            return None
+        rejected: list[int] | None = None
+        cursor = 0
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            prompt = self.render(messages[:i], True)
+            after = len(prompt) if full.startswith(prompt) else cursor
+            rejected = _add(rejected, self._rejected_chars(message, full, after, len(full)))
+            found = full.find(message["content"], after)
+            cursor = found + len(message["content"]) if found >= 0 else cursor
+        return self._weights(mask, offsets, rejected)
 
     def _unmask_closing_of_truncated(
         self, conversation: Conversation, ids: list[int], mask: list[int]
@@ -372,6 +434,7 @@ class ChatMasker:
         full = self.render(messages)
         ids, offsets = self.tokenize(full)
         mask = [0] * len(ids)
+        rejected: list[int] | None = None  # absolute character offsets of rejected tokens in ``full``
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
@@ -389,7 +452,8 @@ class ChatMasker:
                 break  # this turn and the later ones are beyond max_length anyway
             end = _loss_end(message, eot)
             mask[start:end] = [1] * (end - start)
-        return EncodedSample(conversation.id, ids, mask)
+            rejected = _add(rejected, self._rejected_chars(message, full, len(prompt), len(answered)))
+        return EncodedSample(conversation.id, ids, mask, loss_weight=self._weights(mask, offsets, rejected))
 
     def _encode_per_turn(self, conversation: Conversation, max_length: int) -> list[EncodedSample]:
         messages = conversation.messages
@@ -411,12 +475,21 @@ class ChatMasker:
                 break
             end = _loss_end(message, eot)
             mask = [0] * start + [1] * (end - start) + [0] * (len(ids) - end)
-            samples.append(EncodedSample(f"{conversation.id}#turn{i}", ids, mask))
+            rejected = self._rejected_chars(message, answered, len(prompt), len(answered))
+            weights = self._weights(mask, offsets, rejected)
+            samples.append(EncodedSample(f"{conversation.id}#turn{i}", ids, mask, loss_weight=weights))
         if not samples:
             raise MaskingError(
                 "overlong", f"conversation {conversation.id!r}: every prompt exceeds max_length"
             )
         return samples
+
+
+def _add(found: list[int] | None, more: list[int] | None) -> list[int] | None:
+    """Rejected offsets of several turns together; None while no turn carried ``rejected_at``."""
+    if more is None:
+        return found
+    return (found or []) + more
 
 
 def _loss_end(message: dict[str, Any], eot: int) -> int:
@@ -436,20 +509,24 @@ def _token_starting_at(offsets: list[tuple[int, int]], char: int) -> int | None:
 
 
 def fit_length(sample: EncodedSample, max_length: int, overlong: str) -> EncodedSample:
-    """Truncate (keeping the start) or refuse a sample longer than ``max_length``; refuse one left without loss."""
+    """Truncate (keeping the start) or refuse a sample longer than ``max_length``; refuse one left without loss.
+    Loss weights are cut with the ids and normalised here, once, over the loss tokens that remain."""
     if len(sample.input_ids) > max_length:
         if overlong == "drop":
             raise MaskingError(
                 "overlong",
                 f"{sample.sample_id!r}: {len(sample.input_ids)} tokens > data.max_length={max_length}",
             )
+        weights = sample.loss_weight[:max_length] if sample.loss_weight is not None else None
         sample = EncodedSample(
-            sample.sample_id, sample.input_ids[:max_length], sample.loss_mask[:max_length], True
+            sample.sample_id, sample.input_ids[:max_length], sample.loss_mask[:max_length], True, weights
         )
     if not any(sample.loss_mask):
         raise MaskingError(
             "no_loss_tokens", f"{sample.sample_id!r}: no assistant token within data.max_length"
         )
+    if sample.loss_weight is not None:
+        sample.loss_weight = normalized(sample.loss_weight, sample.loss_mask)
     return sample
 
 

@@ -41,7 +41,7 @@ from data_gen.sources import (
     Conversation,
     DataSettings,
     load_conversations,
-    split_conversations,
+    split_source,
 )
 from data_gen.stats import count_assistant_tokens, write_token_counts
 from data_gen.store import (
@@ -162,8 +162,9 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
     gen = GenSettings.from_mapping(config["data_gen"])
     verifier = dict(config["verifier"])
     check_output_dir(gen.output_dir)
-    conversations, report = load_conversations(data)
-    train, heldout = split_conversations(conversations, data.heldout_fraction, data.seed)
+    name = str(verifier["name_or_path"])  # whose traffic a served log must be
+    conversations, report = load_conversations(data, verifier=name, regenerate=gen.regenerate.enabled)
+    train, heldout = split_source(conversations, data, report)
     log.info("%s; train %d, heldout %d", report.summary(), len(train), len(heldout))
     side = load_verifier_side(verifier, data, torch.device(dist.device), gen)
     identity = run_identity(side, data, gen)
@@ -181,7 +182,7 @@ def prepare(config: dict[str, Any], dist: Distributed) -> Prepared:
         masker=side.masker,
         capture=side.capture,
         identity=identity,
-        header=shard_header(side, str(verifier["name_or_path"]), identity, data, report.to_json()),
+        header=shard_header(side, name, identity, data, report.to_json()),
         tokenizer=side.tokenizer,
         regenerator=regenerator,
         head_probe=first_head_probe(side, train, data) if dist.is_main else None,
@@ -314,14 +315,16 @@ def verifier_waits_on_cpu(gen: GenSettings) -> bool:
     the device afterwards, if the capture back end runs it), or for good when nothing here runs it (vLLM capture
     without transformers regeneration: it then only gives the run's fingerprint and dtype)."""
     runs_here = backend_needs_verifier_on_device(gen.capture) or (
-        gen.regenerate.enabled and gen.regenerate.backend == "transformers"
+        gen.regenerate.enabled and gen.regenerate.backend in ("transformers", "engine")
     )
     return regenerates_first(gen.regenerate) or not runs_here
 
 
 def regenerates_first(settings: RegenerateSettings) -> bool:
     """Whether every pending shard is regenerated before any capture: the vLLM back-end runs a worker that takes
-    most of the rank's GPU, so the HF verifier is moved there only after the worker has exited."""
+    most of the rank's GPU, so the HF verifier is moved there only after the worker has exited. The engine
+    back-end decodes with the HF verifier itself, in this process, so it regenerates shard by shard like
+    ``transformers``."""
     return settings.enabled and settings.backend == "vllm"
 
 
@@ -333,15 +336,24 @@ def build_regenerator(
     tokenizer: Any,
     path: str,
 ) -> Regenerator | None:
-    """The regeneration stage when the recipe enables it (its back-end is checked here, before any write)."""
+    """The regeneration stage when the recipe enables it (its back-end is checked here, before any write). The
+    engine back-end loads its draft here (a draft that cannot serve ``k`` is refused now) and tells the masker how
+    much a rejected token weighs (``masker.replay_weight``)."""
     if not settings.enabled:
         return None
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stop_ids = sorted({masker.eot_id, *eos})
     if settings.backend == "vllm":
         dtype = str(next(model.parameters()).dtype).replace("torch.", "")
         generate = VllmGenerator(path, settings, dtype, data.max_length + settings.max_new_tokens)
+    elif settings.backend == "engine":
+        from data_gen.regenerate import engine_generate, load_engine_draft
+
+        draft = load_engine_draft(str(settings.draft), model)
+        generate = engine_generate(model, draft, tokenizer, settings, stop_ids)
+        masker.replay_weight = settings.replay_weight
     else:
-        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        generate = transformers_generate(model, tokenizer, settings, sorted({masker.eot_id, *eos}))
+        generate = transformers_generate(model, tokenizer, settings, stop_ids)
     return Regenerator(generate, masker, settings, data.max_length, data.seed)
 
 
@@ -354,16 +366,36 @@ def _data_identity(data: DataSettings) -> dict[str, Any]:
 
 
 def _regenerate_identity(settings: RegenerateSettings) -> dict[str, Any]:
+    """What regeneration makes the data depend on. The engine back-end adds its draft (by content), ``k`` and
+    ``replay_weight``: another draft or chain length rejects other tokens, another weight weighs them otherwise,
+    so a resume with any of them changed is refused. The other back-ends give the same answers and are not named
+    (a run may resume with the other one)."""
     if not settings.enabled:
         return {"enabled": False}
-    return {"enabled": True, "temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens}
+    identity: dict[str, Any] = {
+        "enabled": True,
+        "temperature": settings.temperature,
+        "max_new_tokens": settings.max_new_tokens,
+    }
+    if settings.backend == "engine":
+        from data_gen.regenerate import draft_fingerprint
+
+        identity["engine"] = {
+            "draft_sha256": draft_fingerprint(str(settings.draft)),
+            "k": settings.k,
+            "replay_weight": settings.replay_weight,
+        }
+    return identity
 
 
 # ---- one shard ----------------------------------------------------------------------------------------------
 def capture_samples(capture: CaptureBackend, encoded: list[EncodedSample]) -> list[Sample]:
-    """The features of ``encoded`` from the capture back end, as samples in the input order (ids and loss masks
-    are the pipeline's own: no back end tokenizes)."""
+    """The features of ``encoded`` from the capture back end, as samples in the input order (ids, loss masks and
+    error-replay loss weights are the pipeline's own: no back end tokenizes)."""
     features = capture.capture([sample.input_ids for sample in encoded])
+    weights = [
+        None if s.loss_weight is None else torch.tensor(s.loss_weight, dtype=torch.float32) for s in encoded
+    ]
     return [
         Sample(
             sample_id=sample.sample_id,
@@ -371,8 +403,9 @@ def capture_samples(capture: CaptureBackend, encoded: list[EncodedSample]) -> li
             loss_mask=torch.tensor(sample.loss_mask, dtype=torch.bool),
             aux_hidden=aux,
             last_hidden=last,
+            loss_weight=weight,
         )
-        for sample, (aux, last) in zip(encoded, features, strict=True)
+        for sample, (aux, last), weight in zip(encoded, features, weights, strict=True)
     ]
 
 
@@ -410,7 +443,7 @@ def add_example(examples: dict[str, list[str]], reason: str, message: str) -> No
 
 
 def encode_recipe_conversations(
-    data: dict[str, Any], tokenizer: Any, chat: families.ChatFormat
+    data: dict[str, Any], tokenizer: Any, chat: families.ChatFormat, verifier: str | None = None
 ) -> tuple[list[EncodedSample], list[EncodedSample]]:
     """The recipe's conversations (its ``data`` group) split and masked as a data_gen run masks them: the train and
     held-out samples of the trainers and capture producers that encode for themselves (online, streamed).
@@ -418,10 +451,14 @@ def encode_recipe_conversations(
     ``chat`` is the verifier family's chat format (``families.of_config(config).chat``) and has no default on
     purpose: without it the masker probes the end of turn itself, which refuses some families' templates (Mistral
     3) and ends others' turns too early (gpt-oss at ``<|channel|>``), so the loss masks would differ from the
-    offline ones."""
+    offline ones.
+
+    ``verifier`` is the recipe's ``verifier.name_or_path``, whose traffic a served log must be (default: the
+    tokenizer's ``name_or_path``). Streamed modes refuse regeneration, so a log's bare prompts are refused here."""
     settings = DataSettings.from_mapping(dict(data))
-    conversations, _ = load_conversations(settings)
-    train, heldout = split_conversations(conversations, settings.heldout_fraction, settings.seed)
+    name = verifier if verifier is not None else getattr(tokenizer, "name_or_path", None)
+    conversations, report = load_conversations(settings, verifier=name or None, regenerate=False)
+    train, heldout = split_source(conversations, settings, report)
     masker = ChatMasker(tokenizer, settings.turn_mode, settings.chat_template, chat)
     return (
         encode_conversations(masker, train, settings)[0],

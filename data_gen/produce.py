@@ -84,7 +84,9 @@ class Producer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else side.masker.eot_id
         # the verifier's family: its chat format is the one side.masker (data_gen's) was built with
         family = families.of_config(side.hf_config)
-        train, heldout = encode_recipe_conversations(config["data"], tokenizer, family.chat)
+        train, heldout = encode_recipe_conversations(
+            config["data"], tokenizer, family.chat, verifier=str(config["verifier"]["name_or_path"])
+        )
         self.train, self.heldout = train[: run["num_samples"]], heldout[: run["heldout_count"]]
         if sample_digest(self.train) != run["train_digest"]:
             raise RuntimeError(

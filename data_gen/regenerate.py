@@ -5,14 +5,18 @@ makes the training targets on-policy. Multi-turn conversations are regenerated t
 is generated from the history that already holds the regenerated answers 1..i-1 (the user turns stay as they are).
 
 Batched across conversations (``regenerate.batch_size``). Back-ends: ``transformers`` (``model.generate``,
-everywhere) and ``vllm`` (one ``speculators.serving.VllmSession`` for the run: vLLM runs in its own virtualenv and
-its engine starts once; much faster where vLLM runs). Resumable: each finished batch is appended to a JSONL cache and
+everywhere), ``vllm`` (one ``speculators.serving.VllmSession`` for the run: vLLM runs in its own virtualenv and
+its engine starts once; much faster where vLLM runs) and ``engine`` (our own speculative decoding engine with the
+current draft, ``regenerate.draft``: the same greedy answers, plus where the draft's tokens were rejected, stored as
+``"rejected_at"`` character offsets in each answer and weighted up in training; see :mod:`data_gen.error_replay`).
+Resumable: each finished batch is appended to a JSONL cache and
 fsynced; a rerun reuses what is there (a line cut by a kill is discarded). Sampling is seeded per batch from
 ``(seed, cache name, batch index)``, so a resumed run draws the same numbers as an uninterrupted one.
 
 An answer cut at ``max_new_tokens`` stays cut: its message is marked ``"truncated": true`` and the masker leaves
 the template's end-of-turn token after it out of the loss (the verifier never emitted it, so the draft must not
-learn to predict an end there); ``answers_cut_at_max_new_tokens`` counts them in the data-gen stats.
+learn to predict an end there); ``answers_cut_at_max_new_tokens`` counts them in the data-gen stats. The engine
+back-end also counts ``drafted_steps`` (verify steps) and ``rejected_tokens`` (rejections located in the answers).
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ from typing import Any
 
 import torch
 
+from data_gen.error_replay import rejected_char_offsets, rejected_positions, strip_offsets
 from data_gen.masks import ChatMasker, MaskingError
 from data_gen.sources import Conversation
 
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("transformers", "vllm", "engine")
+DRAFT_FILES = ("config.json", "*.safetensors")  # what makes a draft's identity (not its model card)
 log = logging.getLogger("data_gen")
 
 
@@ -47,10 +53,14 @@ class RegenerateSettings:
     max_new_tokens: int = 512
     batch_size: int = 16
     threads: int | None = None
+    draft: str | None = None  # engine: a draft export directory or a training run (its best checkpoint)
+    k: int = 3  # engine: drafted tokens per verify step (chain length)
+    replay_weight: float = 1.0  # engine: weight of a rejected token before normalisation (1.0: no emphasis)
 
     def check(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"data_gen.regenerate.backend={self.backend!r}; use one of {BACKENDS}")
+        self._check_engine()
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"data_gen.regenerate.threads={self.threads}; use null (every core) or >= 1")
         if self.temperature < 0 or self.max_new_tokens < 1 or self.batch_size < 1:
@@ -58,14 +68,47 @@ class RegenerateSettings:
                 "data_gen.regenerate needs temperature >= 0, max_new_tokens >= 1 and batch_size >= 1"
             )
 
+    def _check_engine(self) -> None:
+        """The engine back-end's settings; ``draft`` given to another back-end is refused, not silently ignored."""
+        if self.backend != "engine":
+            if self.draft is not None:
+                raise ValueError(
+                    f"data_gen.regenerate.draft is read by backend=engine only (backend is {self.backend!r})"
+                )
+            return
+        if not self.draft:
+            raise ValueError(
+                "data_gen.regenerate.backend=engine needs data_gen.regenerate.draft: the draft export directory "
+                "or training run whose rejections are replayed"
+            )
+        if self.temperature > 0:
+            raise ValueError(
+                f"data_gen.regenerate.backend=engine decodes greedily (temperature={self.temperature} given): its "
+                "rejections are measured against the verifier's greedy choice; set temperature: 0"
+            )
+        if self.k < 1 or not 0 < self.replay_weight < float("inf"):
+            raise ValueError(
+                f"data_gen.regenerate needs k >= 1 and a finite replay_weight > 0 (k={self.k}, "
+                f"replay_weight={self.replay_weight})"
+            )
+
 
 @dataclass(frozen=True)
 class Answer:
     """One generated answer: its text (special tokens removed) and whether ``max_new_tokens`` cut it (no stop
-    token was generated)."""
+    token was generated). The engine back-end adds ``rejected_at``, character offsets in ``text`` where a rejected
+    draft token starts (``len(text)``: the stop token; see :mod:`data_gen.error_replay`), and ``drafted_steps``,
+    its verify steps; 0 means the answer was not decoded speculatively (the other back-ends), so no
+    ``rejected_at`` is stored for it."""
 
     text: str
     truncated: bool = False
+    rejected_at: tuple[int, ...] = ()
+    drafted_steps: int = 0
+
+    def stripped(self) -> tuple[str, tuple[int, ...]]:
+        """The stored content (``text.strip()``) and ``rejected_at`` moved into it."""
+        return strip_offsets(self.text, self.rejected_at)
 
 
 # A generate function takes prompt token ids and a seed and returns one Answer per prompt.
@@ -106,6 +149,67 @@ def transformers_generate(
             )
             for row in out.cpu()
         ]
+
+    return generate
+
+
+def load_engine_draft(source: str, verifier: Any) -> Any:
+    """The draft ``source`` names (an export directory, a ``step-<N>`` checkpoint or a run directory: its best
+    checkpoint), loaded as ``speculators eval`` loads it, on the verifier's device and in its dtype."""
+    from speculators.algorithms import load_draft
+    from speculators.runs import resolve_draft_dir
+
+    weight = next(verifier.parameters())
+    draft = load_draft(resolve_draft_dir(source), dtype=weight.dtype)
+    return draft.to(device=weight.device, dtype=weight.dtype)
+
+
+def draft_fingerprint(source: str) -> str:
+    """sha256 of the config and weights of the draft ``source`` resolves to: the run identity names the draft by
+    content, so a resume after the run directory's best checkpoint changed (or with another draft) is refused, and
+    moving the directory or rewriting its model card is not."""
+    from speculators.runs import resolve_draft_dir
+
+    directory = resolve_draft_dir(source)
+    digest = hashlib.sha256()
+    for path in sorted({p for pattern in DRAFT_FILES for p in directory.glob(pattern)}):
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 22):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def engine_generate(
+    verifier: Any, draft: Any, tokenizer: Any, settings: RegenerateSettings, stop_ids: list[int]
+) -> GenerateFn:
+    """Batched greedy chain decoding with :class:`~speculators.decoding.engine.SpeculativeDecoder`: the
+    verifier's own answers (lossless), each with the character offsets of its rejected draft tokens. The seed is
+    unused: greedy decoding draws nothing."""
+    from speculators.decoding.engine import DecodingConfig, SpeculativeDecoder
+
+    config = DecodingConfig(
+        method="chain",
+        num_speculative_tokens=settings.k,
+        temperature=0.0,
+        max_new_tokens=settings.max_new_tokens,
+    )
+    # refuses a k the draft cannot draft (a block draft's slots), before any write
+    decoder = SpeculativeDecoder(verifier, draft, config)
+    stops = set(stop_ids)
+
+    def decode(tokens: list[int]) -> str:
+        return tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def answer(tokens: list[int], steps: list[int]) -> Answer:
+        ended = not stops.isdisjoint(tokens)
+        positions = rejected_positions(steps, settings.k, len(tokens))
+        text, offsets = rejected_char_offsets(decode, tokens, positions, ended)
+        return Answer(text, truncated=not ended, rejected_at=offsets, drafted_steps=len(steps))
+
+    def generate(prompts: list[list[int]], seed: int) -> list[Answer]:
+        result = decoder.generate(prompts, eos_token_ids=stop_ids)
+        return [answer(t, s) for t, s in zip(result.tokens, result.stats.accepted, strict=True)]
 
     return generate
 
@@ -275,7 +379,7 @@ class Regenerator:
                 time.perf_counter() - started,
             )
             for (row, position, _), answer in zip(jobs, answers, strict=True):
-                text = answer.text.strip()
+                text, rejected = answer.stripped()
                 if not text:
                     messages[row] = messages[row][:position]
                     counts[row]["empty_answers"] += 1
@@ -283,9 +387,14 @@ class Regenerator:
                 message = messages[row][position]
                 message["content"] = text
                 message.pop("truncated", None)
+                message.pop("rejected_at", None)
                 if answer.truncated:  # the masker keeps its end-of-turn token out of the loss
                     message["truncated"] = True
                     counts[row]["answers_cut_at_max_new_tokens"] += 1
+                if answer.drafted_steps:  # the masker weights these tokens up (data_gen.error_replay)
+                    message["rejected_at"] = list(rejected)
+                    counts[row]["drafted_steps"] += answer.drafted_steps
+                    counts[row]["rejected_tokens"] += len(rejected)
                 counts[row]["regenerated_turns"] += 1
             turn += 1
         entries = []
@@ -299,4 +408,13 @@ class Regenerator:
         return entries
 
 
-__all__ = ["Answer", "RegenerateSettings", "Regenerator", "VllmGenerator", "transformers_generate"]
+__all__ = [
+    "Answer",
+    "RegenerateSettings",
+    "Regenerator",
+    "VllmGenerator",
+    "draft_fingerprint",
+    "engine_generate",
+    "load_engine_draft",
+    "transformers_generate",
+]

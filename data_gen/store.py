@@ -19,6 +19,11 @@ THE CONTRACT with the trainer (train/ reads exactly this; bump ``FORMAT_VERSION`
         "aux_hidden":  FloatTensor [T, n*H]   dequantised float32; residual streams ENTERING layers
                                               manifest["aux_layer_ids"] (vLLM convention), concatenated in that order,
         "last_hidden": FloatTensor [T, H]     output of the last decoder layer BEFORE the final norm,
+        "loss_weight": FloatTensor [T]        ONLY when the shard holds weights (error replay, data_gen.regenerate
+                                              .backend=engine): the weight of the loss at each token, 0 outside the
+                                              loss mask, mean 1.0 over the sample's loss tokens (rejected draft
+                                              tokens weigh more); a trainer multiplies each target token's loss by
+                                              it. No key: every loss token weighs 1.
     }
     FeatureDataset(split_dir, dequantize=False)[i] keeps the features as stored (bf16, or fp8 plus float32
         "aux_scale" [T, n] / "last_scale" [T, 1]) for a consumer that dequantises later, on its device.
@@ -28,10 +33,15 @@ THE CONTRACT with the trainer (train/ reads exactly this; bump ``FORMAT_VERSION`
 
     Online training gets the same tensors from :class:`data_gen.capture.FeatureCapture`.
 
+    ``loss_weight`` did not bump ``FORMAT_VERSION``: it is optional, so this reader reads every older shard as it
+    was read before (no key); a reader older than it ignores the tensor and trains unweighted.
+
 Shard file (one safetensors file; samples packed along the token axis, no padding stored):
     input_ids int32 [N], loss_mask bool [N], offsets int64 [S+1] (sample s = rows offsets[s]:offsets[s+1]),
     aux_hidden [N, n*H] and last_hidden [N, H] in bf16, or in float8_e4m3fn with float32 scales
     aux_scale [N, n] (one per token per aux layer: layers differ in magnitude) and last_scale [N, 1];
+    loss_weight float32 [N] only when a sample of the shard has weights (the others get their loss mask as
+    1.0/0.0); a shard without weights has no such tensor, byte for byte the shard of before error replay;
     metadata key "speculators_train": JSON {"format", "format_version", "sample_ids"} (a single key keeps the bytes
     of a rewritten shard identical: safetensors orders several metadata keys by hash).
 
@@ -147,6 +157,7 @@ class Sample:
     loss_mask: torch.Tensor  # [T] bool
     aux_hidden: torch.Tensor  # [T, n*H]
     last_hidden: torch.Tensor  # [T, H]
+    loss_weight: torch.Tensor | None = None  # [T] float32, error replay (see the module contract)
 
 
 def pack_samples(samples: Sequence[Sample], num_aux: int, storage_dtype: str) -> dict[str, torch.Tensor]:
@@ -163,12 +174,28 @@ def pack_samples(samples: Sequence[Sample], num_aux: int, storage_dtype: str) ->
         ids, mask = torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.bool)
         aux, last = torch.zeros(0, num_aux), torch.zeros(0, 1)
     tensors = {"input_ids": ids.contiguous(), "loss_mask": mask.contiguous(), "offsets": offsets}
+    if any(s.loss_weight is not None for s in samples):
+        tensors["loss_weight"] = pack_loss_weights(samples)
     aux_q, last_q = quantize(aux, num_aux, storage_dtype), quantize(last, 1, storage_dtype)
     tensors["aux_hidden"] = aux_q["values"]
     tensors["last_hidden"] = last_q["values"]
     if "scale" in aux_q:
         tensors["aux_scale"], tensors["last_scale"] = aux_q["scale"], last_q["scale"]
     return tensors
+
+
+def pack_loss_weights(samples: Sequence[Sample]) -> torch.Tensor:
+    """float32 [N]: each sample's weights, or its loss mask as 1.0/0.0 when it has none (a shard mixes both when
+    some of its conversations were not regenerated with a draft, e.g. a one-token answer)."""
+    for s in samples:
+        if s.loss_weight is not None and s.loss_weight.shape != s.loss_mask.shape:
+            raise ValueError(
+                f"{s.sample_id!r}: loss_weight has shape {tuple(s.loss_weight.shape)}, its loss mask "
+                f"{tuple(s.loss_mask.shape)}"
+            )
+    return torch.cat(
+        [(s.loss_weight if s.loss_weight is not None else s.loss_mask).to(torch.float32) for s in samples]
+    ).contiguous()
 
 
 def write_shard(
@@ -446,6 +473,8 @@ class FeatureDataset(Dataset):
             "input_ids": rows("input_ids").long(),
             "loss_mask": rows("loss_mask").bool(),
         }
+        if "loss_weight" in keys:
+            sample["loss_weight"] = rows("loss_weight").float()
         for name, scale_name in (("aux_hidden", "aux_scale"), ("last_hidden", "last_scale")):
             values, scale = rows(name), rows(scale_name) if scale_name in keys else None
             if self.dequantize:

@@ -154,7 +154,10 @@ def test_a_run_or_step_where_a_draft_belongs_says_export_it_first(command, what,
     argv = [command, str(target)] + ([str(tmp_path / "out")] if command == "convert" else [])
     assert cli_main(argv) == 1
     captured = capsys.readouterr()
-    assert says in captured.out + captured.err and f"speculators export {target} OUT" in captured.out + captured.err
+    assert (
+        says in captured.out + captured.err
+        and f"speculators export {target} OUT" in captured.out + captured.err
+    )
     assert not (tmp_path / "out").exists()
 
 

@@ -380,7 +380,8 @@ def init_from_checkpoint(draft: Eagle3DraftModel, source: Path, vocab: DraftVoca
     if mine.draft_vocab_size != theirs.draft_vocab_size or not torch.equal(draft.d2t, loaded.d2t):
         raise ValueError(
             f"train.init_from={source}: its draft vocabulary differs from this run's (rebuilt from the data's "
-            "token counts); use the same data directory and model.draft_vocab_size as the first stage"
+            "token counts); use the same data directory and model.draft_vocab_size as the first stage, or keep "
+            "the source's vocabulary with train.init_vocab=parent"
         )
     ours, stored = draft.state_dict(), loaded.state_dict()
     shared = sorted(set(ours) & set(stored))
@@ -442,6 +443,58 @@ def check_first_stage_vocab(source: Path, vocab: DraftVocab) -> None:
     )
 
 
+def parent_draft_vocab(
+    source: Path, counts: torch.Tensor, provenance: dict[str, Any], wanted_size: int | None
+) -> DraftVocab:
+    """``train.init_vocab=parent``: the draft vocabulary of ``train.init_from`` kept as it is, so a draft adapted
+    to data of other token counts (served traffic) starts from its parent's weights *and* its parent's d2t.
+
+    Read from the parent run's saved ``draft_vocab.safetensors``, or from an export's ``d2t``/``t2d`` buffers. A
+    recipe size other than the parent's (``model.draft_vocab_size``; null takes the parent's) is refused, as is a
+    vocabulary built for another tokenizer than this data's (``DraftVocab.check_compatible``). The provenance says
+    where it came from and how much of this data's assistant tokens it covers; the parent's own is kept inside."""
+    vocab, where = _read_parent_vocab(source)
+    size = vocab.draft_vocab_size
+    if wanted_size is not None and wanted_size != size:
+        raise ValueError(
+            f"model.draft_vocab_size={wanted_size} with train.init_vocab=parent: the parent {source} has {size} "
+            "draft tokens; set model.draft_vocab_size to that or null"
+        )
+    fingerprint = provenance.get("tokenizer_fingerprint")
+    if fingerprint:
+        vocab.check_compatible(
+            fingerprint, size, where=f"train.init_vocab=parent: the draft vocabulary of {where}"
+        )
+    total = counts.double().sum()
+    covered = float(counts.double()[vocab.target_ids].sum() / total) if total > 0 else 0.0
+    record = {
+        **provenance,
+        "draft_vocab_size": size,
+        "vocab_size": vocab.vocab_size,
+        "assistant_token_coverage": covered,  # of this run's data
+        "vocab_source": "parent",
+        "parent": str(source),
+        "parent_vocab": where,
+        "parent_provenance": vocab.provenance,
+    }
+    return DraftVocab(d2t=vocab.d2t.long(), t2d=vocab.t2d.bool(), provenance=record)
+
+
+def _read_parent_vocab(source: Path) -> tuple[DraftVocab, str]:
+    """The parent's vocabulary and where it was read: its run's saved file, else its draft's buffers."""
+    run_dir = runs.locate_checkpoint(source).run_dir
+    saved = run_dir / runs.DRAFT_VOCAB_NAME if run_dir is not None else None
+    if saved is not None and saved.is_file():
+        return DraftVocab.load(saved), str(saved)
+    directory = runs.resolve_draft_dir(source)
+    draft = algorithms.load_draft(directory)
+    if getattr(draft, "d2t", None) is None or getattr(draft, "t2d", None) is None:
+        raise ValueError(
+            f"train.init_vocab=parent: {directory} has no d2t/t2d draft vocabulary; use train.init_vocab=data"
+        )
+    return DraftVocab(d2t=draft.d2t.clone(), t2d=draft.t2d.clone()), f"{directory} (d2t/t2d)"
+
+
 # ---- the schedule -------------------------------------------------------------------------------------------
 def warmup_steps(settings: TrainSettings, total_steps: int) -> int:
     if settings.schedule.warmup_steps is not None:
@@ -483,6 +536,7 @@ __all__ = [
     "draft_config",
     "init_from_checkpoint",
     "lr_at",
+    "parent_draft_vocab",
     "make_accelerator",
     "make_optimizer",
     "outside_zero3_init",

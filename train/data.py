@@ -12,6 +12,9 @@
   :meth:`MicroBatch.to`, together with the conversion of the features from their storage dtype.
 * Where the samples and their features come from (offline shards or the verifier online) is
   :mod:`train.features`.
+* Per-token loss weights (``loss_weight``, float [T] per sample: >1 where the serving draft was rejected, mean 1
+  over the sample's loss tokens, 0 elsewhere) travel as :attr:`MicroBatch.loss_weight`; a document without them
+  in a batch where others have them weighs its loss tokens 1.0 (its loss mask as floats).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from data_gen.batch_plan import BatchPlan
 
@@ -49,6 +52,7 @@ class MicroBatch:
     feature_dtype: torch.dtype | None = None  # what ``to`` converts the features to (None: keep)
     noise: tuple[tuple[int, int, int, int], ...] = ()  # pending (row, start, stop, seed) per noised document
     noise_std: float = 0.0
+    loss_weight: torch.Tensor | None = None  # float [B, L] per-token loss weights (None: the data has none)
 
     @property
     def num_tokens(self) -> int:
@@ -107,8 +111,18 @@ def training_loss_mask(batch: MicroBatch, loss_positions: str) -> torch.Tensor:
     raise ValueError(f"train.loss_positions={loss_positions!r}: use assistant or all")
 
 
+def training_loss_weight(batch: MicroBatch) -> torch.Tensor | None:
+    """The per-token loss weights of a training step (None: the data has none): the data's on the stored loss
+    mask and 1.0 elsewhere. The data defines weights on assistant tokens only (where the serving draft drafted);
+    ``train.loss_positions=all`` also trains user and template tokens, which then count as an unweighted run
+    counts them, rather than not at all."""
+    if batch.loss_weight is None:
+        return None
+    return torch.where(batch.loss_mask.bool(), batch.loss_weight.float(), 1.0)
+
+
 def truncated_document(sample: dict[str, Any], max_length: int) -> dict[str, Any]:
-    keep = ("input_ids", "loss_mask", "aux_hidden", "last_hidden", "aux_scale", "last_scale")
+    keep = ("input_ids", "loss_mask", "loss_weight", "aux_hidden", "last_hidden", "aux_scale", "last_scale")
     doc = {k: sample[k][:max_length] for k in keep if sample.get(k) is not None}
     if "noise_seed" in sample:
         doc["noise_seed"] = sample["noise_seed"]
@@ -204,6 +218,9 @@ def pack_documents(
     tensors = [name for name in (*FEATURES, "aux_scale", "last_scale") if first.get(name) is not None]
     for name in tensors:
         batch[name] = torch.zeros((*shape, first[name].shape[-1]), dtype=first[name].dtype, device=device)
+    weighted = any(doc.get("loss_weight") is not None for doc in docs)
+    if weighted:
+        batch["loss_weight"] = torch.zeros(shape, dtype=torch.float32, device=device)
     noise = []
     for r, row in enumerate(rows):
         start = 0
@@ -215,6 +232,8 @@ def pack_documents(
             batch["position_ids"][r, start:stop] = torch.arange(lengths[index], device=device)
             for name in tensors:
                 batch[name][r, start:stop] = doc[name]
+            if weighted:
+                batch["loss_weight"][r, start:stop] = document_loss_weight(doc)
             if noise_std > 0 and "noise_seed" in doc and "aux_hidden" in batch:
                 noise.append((r, start, stop, int(doc["noise_seed"])))
             start = stop
@@ -223,12 +242,19 @@ def pack_documents(
         last_hidden=batch.pop("last_hidden", None),
         aux_scale=batch.pop("aux_scale", None),
         last_scale=batch.pop("last_scale", None),
+        loss_weight=batch.pop("loss_weight", None),
         num_documents=len(docs),
         feature_dtype=feature_dtype,
         noise=tuple(noise),
         noise_std=float(noise_std),
         **batch,
     )
+
+
+def document_loss_weight(doc: dict[str, Any]) -> torch.Tensor:
+    """A document's per-token loss weights; one without (replayed data) weighs its loss tokens 1.0."""
+    weight = doc.get("loss_weight")
+    return doc["loss_mask"].float() if weight is None else weight.float()
 
 
 # ---- following the plan (data_gen.batch_plan.BatchPlan) -----------------------------------------------------
@@ -281,12 +307,21 @@ def run_loader(
     )
 
 
-def verify_before_workers(source: Dataset) -> None:
-    """Hash the shards ``source`` reads in this process, before DataLoader workers copy it: every worker would
-    otherwise re-hash every shard it opens (a feature dataset's ``verify_shards``; others have nothing to check)."""
-    items = None
+def verify_before_workers(source: Dataset, items: list[int] | None = None) -> None:
+    """Hash the shards ``source`` reads (``items``: only those samples) in this process, before DataLoader workers
+    copy it: every worker would otherwise re-hash every shard it opens (a feature dataset's ``verify_shards``;
+    others have nothing to check). Subsets and concatenations (``max_samples``, ``train.replay``) are followed
+    down to their feature datasets."""
     if isinstance(source, Subset):
-        source, items = source.dataset, list(source.indices)
+        inner = list(source.indices)
+        verify_before_workers(source.dataset, inner if items is None else [inner[i] for i in items])
+        return
+    if isinstance(source, ConcatDataset):
+        bounds = [0, *source.cumulative_sizes]
+        for part, low, high in zip(source.datasets, bounds, bounds[1:], strict=False):
+            mine = None if items is None else [i - low for i in items if low <= i < high]
+            verify_before_workers(part, mine)
+        return
     verify = getattr(source, "verify_shards", None)
     if verify is not None:
         verify(items)
@@ -316,4 +351,5 @@ __all__ = [
     "pack_documents",
     "row_buckets",
     "training_loss_mask",
+    "training_loss_weight",
 ]

@@ -10,6 +10,10 @@
 * :class:`train.streaming.StreamFeatures` (``stream``, ``cache-first-epoch``): capture producers write the
   features into a bounded spool while the trainer reads them in the plan's order (docs/streaming.md).
 
+Offline features may add a seeded share of another data directory's training split (``train.replay``,
+:mod:`train.replay`): the training set is then the primary data followed by the replayed subset, whose size the
+batch plan sees; validation and the token counts stay the primary data's.
+
 Each source owns its datasets (``train.max_samples`` applied), the token counts the draft vocabulary is built
 from, the collate function its DataLoader workers run (small and picklable: the verifier never crosses into a
 worker), how a collated item becomes a device :class:`MicroBatch`, the held-out batches and the target head.
@@ -76,6 +80,7 @@ class FeatureSource:
     )  # assistant-token counts over the whole training split (the draft vocabulary's input)
     provenance: dict[str, Any]
     collate: Callable[[list[dict[str, Any]]], Any]  # runs in DataLoader workers
+    replay: Any = None  # train.replay's :class:`train.replay.ReplayRecord` (offline features only)
 
     def __init__(self, settings: TrainSettings, accelerator, layout: RowLayout) -> None:
         self.settings, self.layout = settings, layout
@@ -96,6 +101,10 @@ class FeatureSource:
         """The verifier's own logits on a few real positions (speculators.head_check) and where they come from;
         ``(None, why)`` when this source has none."""
         return None, f"{type(self).__name__} records no head probe"
+
+    def carries_loss_weights(self) -> bool:
+        """Whether the training data holds per-token loss weights (``loss_weight``); only offline shards can."""
+        return False
 
     def close(self) -> None:
         """Drop what holds device memory (the online verifier)."""
@@ -172,6 +181,33 @@ class OfflineFeatures(FeatureSource):
         self.counts, self.provenance = read_token_counts(data_dir)
         self.collate = layout.pack
         self._limit(settings.train.max_samples)
+        self._add_replay()
+
+    def _add_replay(self) -> None:
+        """``train.replay``: the training set becomes the primary samples followed by the replayed subset (after
+        ``max_samples``, so the share is of what is trained on)."""
+        from train.replay import with_replay
+
+        replay = self.settings.train.replay
+        if not replay.data_dir:
+            return
+        manifest = self.train_set_manifest()
+        self.train_set, self.replay = with_replay(
+            self.train_set, Path(replay.data_dir), replay.share, self.settings.seed, manifest
+        )
+        if self.rank == 0:
+            print(self.replay.line(), flush=True)
+
+    def train_set_manifest(self) -> dict[str, Any]:
+        """The primary training split's manifest (under a ``max_samples`` subset too)."""
+        from train.replay import feature_datasets
+
+        return feature_datasets(self.train_set)[0].manifest
+
+    def carries_loss_weights(self) -> bool:
+        from train.replay import carries_loss_weights
+
+        return carries_loss_weights(self.train_set)  # the primary data and any replayed one
 
     def _check_manifest(self, data_dir: Path) -> None:
         manifest, verifier = self.train_set.manifest, self.settings.verifier
@@ -233,7 +269,9 @@ class OnlineFeatures(FeatureSource):
         self.capture = FeatureCapture(self.verifier, wanted, out_dtype=None)
         self.aux_layer_ids = self.capture.aux_layer_ids
         chat = families.of_model(self.verifier).chat
-        train_samples, heldout_samples = encode_recipe_conversations(settings.data, tokenizer, chat)
+        train_samples, heldout_samples = encode_recipe_conversations(
+            settings.data, tokenizer, chat, verifier=settings.verifier.name_or_path
+        )
         self.train_set = TokenDataset(train_samples)
         self.heldout_set = TokenDataset(heldout_samples) if heldout_samples else None
         self.counts = self.train_set.token_counts(int(verifier_config["vocab_size"]))

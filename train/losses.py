@@ -9,6 +9,12 @@ Alignment (docs/algorithms.md), per row of length L and drafting step j (0-based
   inside the row — ``valid``; EAGLE additionally drops positions whose verifier argmax is outside the draft vocab
   (``trained``: a draft cannot be taught a token it cannot propose).
 
+Per-token loss weights (``loss_weight`` [B, L], data that up-weights the tokens a serving draft got wrong): the
+position t of step j trains the prediction of x_{t+2+j}, so its CE and the objective's extra row term are multiplied
+by ``loss_weight[t+2+j]`` (``shift_left(loss_weight, 2 + j)``, the same shift as the step's loss mask). The
+normaliser stays the count of trained positions (the data's weights average 1 over its loss tokens), and only the
+training loss is weighted: top-1 hits and the acceptance counts are not.
+
 Normalisation: every term is a SUM over positions; the trainer divides by the number of trained positions of the
 whole global batch (all ranks, all accumulation micro-batches), so 1 process and N processes compute the same loss
 on the same global batch. Soft CE and forward KL differ by the target entropy only (same gradients); the loss is
@@ -91,14 +97,26 @@ class StepTerms:
     correct: torch.Tensor  # top-1 agreement with the verifier at valid positions
 
 
+def target_weights(
+    loss_weight: torch.Tensor | None, step: int, batch_idx: torch.Tensor, pos_idx: torch.Tensor
+) -> torch.Tensor | None:
+    """The weight of the token each selected position ``(batch_idx, pos_idx)`` of step ``step`` trains: the one at
+    t+2+step (None without weights)."""
+    if loss_weight is None:
+        return None
+    return shift_left(loss_weight.float(), 2 + step, fill=0.0)[batch_idx, pos_idx]
+
+
 def step_terms(
     draft_logits: torch.Tensor,
     verifier_logits: torch.Tensor,
     masks: StepMasks,
     step: int,
     extra: RowTerm | None = None,
+    loss_weight: torch.Tensor | None = None,
 ) -> StepTerms:
-    """Loss sums for step ``step``: draft logits at t against the verifier's at t+1+step, on trained positions.
+    """Loss sums for step ``step``: draft logits at t against the verifier's at t+1+step, on trained positions
+    (``loss_weight``: the batch's per-token weights, see the module docstring; None: unweighted).
 
     Only the selected rows are materialised ([N, Vd]), never a shifted copy of the whole [B, L, Vd] target.
     """
@@ -107,7 +125,8 @@ def step_terms(
     target_sel = verifier_logits[batch_idx, pos_idx + 1 + step]
     with torch.no_grad():
         hits = (draft_logits.argmax(-1) == masks.target_draft_id[step]) & masks.valid[step]
-    return _terms(draft_sel, target_sel, hits, extra)
+    weights = target_weights(loss_weight, step, batch_idx, pos_idx)
+    return _terms(draft_sel, target_sel, hits, extra, weights)
 
 
 def element_terms(
@@ -117,6 +136,7 @@ def element_terms(
     masks: StepMasks,
     step: int,
     extra: RowTerm | None = None,
+    loss_weight: torch.Tensor | None = None,
 ) -> StepTerms:
     """:func:`step_terms` for draft logits ``[N, Vd]`` computed only at ``elements`` (flat ``row · L + t`` indices,
     sorted, covering every valid position of the step): the same sums, in the same order."""
@@ -128,15 +148,27 @@ def element_terms(
     with torch.no_grad():
         target = masks.target_draft_id[step][batch_idx, pos_idx]
         hits = (draft_logits.argmax(-1) == target) & masks.valid[step][batch_idx, pos_idx]
-    return _terms(draft_sel, target_sel, hits, extra)
+    weights = target_weights(loss_weight, step, batch_idx[trained], pos_idx[trained])
+    return _terms(draft_sel, target_sel, hits, extra, weights)
 
 
 def _terms(
-    draft_sel: torch.Tensor, target_sel: torch.Tensor, hits: torch.Tensor, extra: RowTerm | None
+    draft_sel: torch.Tensor,
+    target_sel: torch.Tensor,
+    hits: torch.Tensor,
+    extra: RowTerm | None,
+    weights: torch.Tensor | None = None,
 ) -> StepTerms:
-    ce = soft_cross_entropy(draft_sel, target_sel).sum()
-    top = extra(draft_sel, target_sel).sum() if extra is not None else ce.new_zeros(())
-    return StepTerms(ce=ce, topk=top, correct=hits.sum().double())
+    """The sums over the selected rows, each row's CE and extra term times its ``weights`` when given."""
+    ce = soft_cross_entropy(draft_sel, target_sel)
+    top = extra(draft_sel, target_sel) if extra is not None else None
+    if weights is not None:
+        ce = ce * weights
+        top = top * weights if top is not None else None
+    total = ce.sum()
+    return StepTerms(
+        ce=total, topk=top.sum() if top is not None else total.new_zeros(()), correct=hits.sum().double()
+    )
 
 
 def acceptance_counts(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -189,4 +221,5 @@ __all__ = [
     "step_masks",
     "step_terms",
     "step_weights",
+    "target_weights",
 ]

@@ -40,6 +40,7 @@ MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw")
 FC_INITS = ("default", "feature_rms")
 WARM_STARTS = ("none", "top_layer")
 LOSS_POSITIONS = ("assistant", "all")
+INIT_VOCABS = ("data", "parent")  # train.init_vocab: rebuild from this data's counts, or keep the parent's
 WANDB_MODES = ("online", "offline", "disabled")
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -131,6 +132,32 @@ class StreamSettings:
 
 
 @dataclass(frozen=True)
+class ReplaySettings:
+    """``train.replay``: a share of another data directory's training split (the serving draft's original data)
+    mixed into this run's, so an adapted draft does not forget it (train/features.py, issue 41)."""
+
+    data_dir: str | None = None
+    share: float = 0.0  # of the training samples, in [0, 1)
+
+    def problems(self, data_mode: str) -> list[str]:
+        found = []
+        if not 0.0 <= self.share < 1.0:
+            found.append(
+                f"train.replay.share={self.share}: must be in [0, 1) (the replayed share of the samples)"
+            )
+        if self.share > 0 and not self.data_dir:
+            found.append(
+                f"train.replay.share={self.share} without train.replay.data_dir: name the data to replay"
+            )
+        if self.data_dir and data_mode != "offline":
+            found.append(
+                f"train.replay.data_dir with train.data_mode={data_mode}: replay mixes offline feature shards, use "
+                "train.data_mode=offline or set train.replay.data_dir=null"
+            )
+        return found
+
+
+@dataclass(frozen=True)
 class LoopSettings:
     """``train``: the algorithm and the loop (recipes/train/eagle3.yaml)."""
 
@@ -160,6 +187,8 @@ class LoopSettings:
     resume: str = "auto"
     dry_run: bool = False
     init_from: str | None = None
+    init_vocab: str = "data"  # data: built from this data's token counts | parent: train.init_from's, kept
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
     loss_positions: str = "assistant"  # training step only: validation stays on assistant text
     max_cpu_seconds: float | None = None  # a CPU budget: the run (and its schedule) shortened to fit it
     # after the fit, hold the budget when the CPU per step rises (re-fit shorter, stop once spent); false: the
@@ -172,6 +201,13 @@ class LoopSettings:
         found = one_of("train.data_mode", self.data_mode, DATA_MODES)
         found += one_of("train.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         found += one_of("train.loss_positions", self.loss_positions, LOSS_POSITIONS)
+        found += one_of("train.init_vocab", self.init_vocab, INIT_VOCABS)
+        if self.init_vocab == "parent" and not self.init_from:
+            found.append(
+                "train.init_vocab=parent needs train.init_from (the parent whose draft vocabulary is kept); set it "
+                "or use train.init_vocab=data"
+            )
+        found += self.replay.problems(self.data_mode)
         if self.dtype in ("fp16", "float16"):
             found.append(
                 f"train.dtype={self.dtype!r}: use auto, bf16 or fp32 (fp16 needs loss scaling, not supported)"
@@ -592,6 +628,7 @@ __all__ = [
     "ModelSettings",
     "MuonSettings",
     "OptimSettings",
+    "ReplaySettings",
     "ScheduleSettings",
     "SettingsError",
     "StreamSettings",

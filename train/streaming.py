@@ -195,7 +195,9 @@ class StreamFeatures(FeatureSource):
         self.timeout_s = stream.producer_timeout_s
         tokenizer = AutoTokenizer.from_pretrained(resolve_verifier_path(settings.verifier.name_or_path))
         chat = families.of_config(verifier_config).chat  # as data_gen masks for this verifier
-        train, heldout = encode_recipe_conversations(settings.data, tokenizer, chat)
+        train, heldout = encode_recipe_conversations(
+            settings.data, tokenizer, chat, verifier=settings.verifier.name_or_path
+        )
         self.counts = TokenDataset(train).token_counts(int(verifier_config["vocab_size"]))
         train = train[: settings.train.max_samples] if settings.train.max_samples else train
         limit = settings.eval.max_samples

@@ -13,6 +13,11 @@ One optimizer step = one global batch (``train.micro_batch_size × train.grad_ac
 
 Evaluation, checkpointing (see :mod:`train.checkpointing`) and logging happen between steps, on every rank
 where they are collective, written by the main process only.
+
+What a run was made of beyond its recipe is written beside it: the draft vocabulary (with its provenance: built from
+the data's counts, or kept from ``train.init_from`` with ``train.init_vocab=parent``), ``init_from.json`` and
+``data_sources.json`` (the vocabulary's source, the replayed data of ``train.replay``, whether the data carried
+per-token loss weights).
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ import torch
 
 from data_gen.batch_plan import BatchPlan
 from speculators import families, runs
+from speculators.atomic import atomic_write_json
 from speculators.verifier import verifier_config_dict
-from speculators.vocab import build_draft_vocab
+from speculators.vocab import DraftVocab, build_draft_vocab
 from train import checkpointing as ckpt
 from train.assemble import (
     compute_precision,
@@ -38,6 +44,7 @@ from train.assemble import (
     make_accelerator,
     make_optimizer,
     outside_zero3_init,
+    parent_draft_vocab,
     set_lr,
 )
 from train.data import row_buckets, run_loader, training_loss_mask
@@ -51,6 +58,8 @@ from train.settings import TrainSettings
 from train.step_stats import StepStats
 from train.ttt_attention import flex_shape_variants, limit_flex_recompiles
 
+# <run_dir>/data_sources.json: the draft vocabulary's source, train.replay, loss weights (Trainer._data_sources)
+DATA_SOURCES_NAME = "data_sources.json"
 CPU_BUDGET_PROBE_STEPS = 10  # steps measured before a CPU budget fixes the run's length
 # after the fit, the CPU per step is measured over this many windows of the rest of the run, and the run is re-fitted
 # when a window's CPU per step projects this far over the budget: a busier machine (a 300 CPU-s budget once spent
@@ -119,10 +128,9 @@ class Trainer:
         if layout.fixed_width:  # compiled flex: a fixed set of shapes, and recompiling past it is an error
             limit_flex_recompiles(flex_shape_variants(len(row_buckets(layout.max_rows))))
         self.features = open_features(settings, self.accelerator, layout, self.verifier_config)
-        vocab_size = int(self.verifier_config["vocab_size"])
-        size = settings.model.draft_vocab_size
-        self.vocab = build_draft_vocab(self.features.counts, size or vocab_size, self.features.provenance)
-        self.plan = BatchPlan(
+        self.loss_weights = self._check_loss_weights()
+        self.vocab = self._draft_vocab()
+        self.plan = BatchPlan(  # the combined size with train.replay
             len(self.features.train_set),
             train.micro_batch_size,
             train.grad_accum,
@@ -134,6 +142,54 @@ class Trainer:
         if train.max_steps:
             self.total_steps = min(self.total_steps, train.max_steps)
         self._require_heldout()
+
+    def _draft_vocab(self) -> DraftVocab:
+        """``train.init_vocab``: the vocabulary built from this data's token counts (``data``), or the one of
+        ``train.init_from`` kept as it is (``parent``: the counts of traffic differ from the parent's data, and
+        a rebuilt d2t would not fit the parent's lm_head)."""
+        settings, features = self.settings, self.features
+        size = settings.model.draft_vocab_size
+        if settings.train.init_vocab == "parent":
+            source = Path(settings.train.init_from)
+            return parent_draft_vocab(source, features.counts, features.provenance, size)
+        vocab_size = int(self.verifier_config["vocab_size"])
+        return build_draft_vocab(features.counts, size or vocab_size, features.provenance)
+
+    def _check_loss_weights(self) -> bool:
+        """Whether the training data's per-token loss weights are applied. Weighted data is refused for an
+        objective that would ignore the weights silently (the block drafters, MTP)."""
+        if not self.features.carries_loss_weights():
+            return False
+        algorithm = self.settings.train.algorithm
+        if not self.objective.uses_loss_weights:
+            raise ValueError(
+                f"{self.settings.train.data_dir} carries per-token loss weights (loss_weight) but "
+                f"train.algorithm={algorithm} cannot use them: they are for the EAGLE-3 family (eagle3, eagle31, "
+                "hass, peagle); train one of those, or regenerate the data without loss weights"
+            )
+        if self.is_main:
+            print(
+                f"per-token loss weights: the data's loss_weight weighs {algorithm}'s training loss",
+                flush=True,
+            )
+        return True
+
+    def _data_sources(self) -> dict[str, Any]:
+        """What this run trained on beyond its recipe's names (``data_sources.json``)."""
+        replay = self.features.replay
+        provenance = self.vocab.provenance
+        return {
+            "draft_vocab": {
+                "source": provenance.get("vocab_source", "data"),
+                "parent": provenance.get("parent"),
+                "file": provenance.get("parent_vocab"),
+                "draft_vocab_size": self.vocab.draft_vocab_size,
+                "assistant_token_coverage": provenance.get("assistant_token_coverage"),
+            },
+            "train_samples": len(self.features.train_set),
+            "replay": replay.to_json() if replay is not None else None,
+            "loss_weights": self.loss_weights,
+        }
 
     def _require_heldout(self) -> None:
         """Without held-out data a run never evaluates and writes no ``checkpoints/best.json`` (export then takes
@@ -417,6 +473,7 @@ class Trainer:
             runs.write_precision(self.run_dir, {"train": self.precision.to_json()})
             ckpt.remove_partials(self.run_dir)
             self.vocab.save(self.run_dir / runs.DRAFT_VOCAB_NAME)
+            atomic_write_json(self.run_dir / DATA_SOURCES_NAME, self._data_sources())
             if self.init_from_report is not None:
                 runs.write_init_from(self.run_dir, self.init_from_report.to_json())
         acc.wait_for_everyone()
@@ -465,12 +522,18 @@ class Trainer:
             f"training {self.settings.train.algorithm} draft for {self.verifier_name}: {len(self.features.train_set)} "
             f"samples, {self.plan.steps_per_epoch} steps/epoch × {self.settings.train.epochs} epochs → {self.total_steps} steps "
             f"(global batch {self.plan.global_batch} on {self.world} process(es), "
-            f"{self.accelerator.distributed_type.value}), draft vocab {self.vocab.draft_vocab_size}, "
+            f"{self.accelerator.distributed_type.value}), draft vocab {self.vocab.draft_vocab_size} "
+            f"({self._vocab_source()}), "
             f"{trainable / 1e6:.1f}M trainable parameters, dtype {self.precision.name} ({self.precision.source}: "
             f"{self.precision.reason}), "
             f"drafted positions per draft {self.steps}"
             + (f", starting at step {progress.step}" if progress.step else "")
         )
+
+    def _vocab_source(self) -> str:
+        """Where the draft vocabulary came from, for the run's opening line."""
+        parent = self.vocab.provenance.get("parent")
+        return f"kept from the parent {parent}" if parent else "built from the data's token counts"
 
     def _train_record(
         self, stats: StepStats, progress: Progress, lr: float, elapsed: float, since: int
@@ -592,4 +655,4 @@ def train(config: TrainSettings | Any, run_dir: str | Path) -> dict[str, Any]:
     return result
 
 
-__all__ = ["Progress", "Trainer", "reset_distributed", "train"]
+__all__ = ["DATA_SOURCES_NAME", "Progress", "Trainer", "reset_distributed", "train"]

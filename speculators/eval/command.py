@@ -100,6 +100,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--vllm", action="store_true", help="also run the chains through vLLM and report both"
     )
     parser.add_argument(
+        "--keep-texts",
+        action="store_true",
+        help="also record each request's prompt chat, decoded output, verifier name and time in requests.jsonl, "
+        "which data_gen then reads as served traffic (data.format=served); off by default: prompts are not "
+        "copied into the results unasked",
+    )
+    parser.add_argument(
         "--output",
         default="eval_results",
         help="directory of its own for results.json, requests.jsonl and acceptance.png (written whole at the end)",
@@ -165,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         max_prompts_per_suite=args.max_prompts_per_suite,
         oracle=not args.no_oracle,
         concurrencies=list(args.concurrency) if args.concurrency else None,
+        keep_texts=args.keep_texts,
     )
     results = evaluate(
         Path(args.draft),

@@ -31,7 +31,14 @@ from speculators.decoding import DecodingConfig, SpeculativeDecoder, eos_ids, pl
 from speculators.decoding.drafters import default_k
 from speculators.eval.plot import algorithm_name
 from speculators.eval.prompts import Messages, fit_chat, load_prompts, render_prompts, select_prompts
-from speculators.eval.recording import RequestLog, RunSpec, compare_requests, decode_rows, vllm_rows
+from speculators.eval.recording import (
+    RequestLog,
+    RunSpec,
+    TextKeeper,
+    compare_requests,
+    decode_rows,
+    vllm_rows,
+)
 from speculators.eval.suites import CHATS, PromptLabel, labelled_chats
 from speculators.eval.suites import provenance as suite_provenance
 from speculators.eval.table import REQUESTS_NAME, Request, as_stats, reports, write_requests
@@ -72,6 +79,9 @@ class EvalSettings:
     # default in `speculators eval`, off for API callers such as the benches, whose time budgets predate it)
     oracle: bool = False
     concurrencies: list[int] | None = None  # the k x concurrency sweep (our engine); None: batch_size alone
+    # --keep-texts: each request row also carries its prompt chat and decoded output (a served-traffic log that
+    # data_gen reads); off by default, so users' prompts are not copied into the results unasked
+    keep_texts: bool = False
 
     def __post_init__(self) -> None:
         """A sampling setting the engine would misread is refused here (a temperature of -1 used to run greedy and
@@ -182,6 +192,8 @@ def evaluate(
         check_output_dir(output_dir, EVAL_OUTPUT, sources, overwrite)
     settings = settings or EvalSettings()
     inputs = load_inputs(draft, verifier, prompts, settings, dtype, device)
+    if settings.keep_texts:
+        inputs.log.texts = text_keeper(inputs, settings)
     settings = settings.for_draft(inputs.draft)
     check_settings(inputs.draft, settings)
     refusal = vllm_refusal(inputs.model) if settings.vllm else None
@@ -215,6 +227,18 @@ def evaluate(
     if output_dir is not None:
         write_results(results, Path(output_dir), inputs.log.rows, overwrite=overwrite)
     return results
+
+
+def text_keeper(inputs: EvalInputs, settings: EvalSettings) -> TextKeeper:
+    """What ``--keep-texts`` records with each row: the prompt chats as decoded, the outputs as text (special
+    tokens left out, as a server returns them) and the verifier's name as eval was given it."""
+    return TextKeeper(
+        conversations=inputs.conversations,
+        decode=lambda tokens: inputs.tokenizer.decode(tokens, skip_special_tokens=True),
+        model=inputs.verifier_name,
+        temperature=settings.temperature,
+        stop=frozenset(inputs.stop),
+    )
 
 
 def vllm_refusal(verifier: Any) -> str | None:

@@ -3,13 +3,19 @@
 ``speculators eval`` decodes through here (plain baseline, each draft run, the oracle ceiling, the k × concurrency
 sweep) and adds vLLM's per-request counters to the same table; its reports are then computed from the rows
 (:mod:`speculators.eval.table`). Batches never mix suites, so each suite's tokens/s is its own.
+
+With ``--keep-texts`` (:class:`TextKeeper`) each row also carries the prompt chat, the decoded output, the
+verifier's name, the time and the sampling settings (:class:`TextRequest`), so the table doubles as a served-traffic
+log that ``data_gen`` reads (:mod:`data_gen.traffic`). Off by default: the texts of users' prompts are not copied
+into a results directory unasked.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from speculators.decoding.engine import GenerationResult
@@ -29,11 +35,54 @@ class RunSpec:
 
 
 @dataclass
+class TextRequest(Request):
+    """A request row with its texts (``--keep-texts``): a served-traffic record as well as a measurement. The extra
+    fields follow the served logs' names (OpenAI ``messages``, ``model``, ``created``), so data_gen reads the rows as
+    it reads a gateway's log; :meth:`Request.from_json` reads them back as plain rows."""
+
+    messages: list[dict[str, str]] = field(default_factory=list)  # the prompt chat, OpenAI layout
+    output_text: str = ""  # the decoded output
+    model: str = ""  # the verifier's name_or_path as eval was given it
+    created: float = 0.0  # Unix time the row was made
+    temperature: float = 0.0
+    finish_reason: str = "stop"  # "length": cut at --max-new-tokens, no end of turn emitted
+
+
+@dataclass
+class TextKeeper:
+    """What ``--keep-texts`` adds to each row, and from what: the prompt chats in request order, the tokenizer's
+    decode, the verifier's name and the stop ids (an output ending in one stopped; else it was cut)."""
+
+    conversations: Sequence[list[dict[str, str]]]
+    decode: Callable[[Sequence[int]], str]
+    model: str
+    temperature: float
+    stop: frozenset[int]
+
+    def with_texts(self, row: Request, output: Sequence[int]) -> TextRequest:
+        stopped = bool(output) and int(output[-1]) in self.stop
+        return TextRequest(
+            **{f.name: getattr(row, f.name) for f in fields(Request)},
+            messages=[dict(m) for m in self.conversations[row.request]],
+            output_text=self.decode(list(output)),
+            model=self.model,
+            created=time.time(),
+            temperature=self.temperature,
+            finish_reason="stop" if stopped else "length",
+        )
+
+
+@dataclass
 class RequestLog:
-    """The rows of one evaluation, with batch ids unique across all its runs."""
+    """The rows of one evaluation, with batch ids unique across all its runs; ``texts``: keep each row's texts."""
 
     rows: list[Request] = field(default_factory=list)
     _batches: Any = field(default_factory=itertools.count, repr=False)
+    texts: TextKeeper | None = None
+
+    def record(self, row: Request, output: Sequence[int]) -> Request:
+        """``row`` as the table keeps it: with its texts when they are kept."""
+        return row if self.texts is None else self.texts.with_texts(row, output)
 
     def next_batch(self) -> int:
         return next(self._batches)
@@ -89,19 +138,10 @@ def decode_rows(
             accepted = result.stats.accepted or [[] for _ in indices]
             for index, tokens, steps in zip(indices, result.tokens, accepted, strict=True):
                 outputs[index] = tokens
-                rows.append(
-                    request_row(
-                        index,
-                        labels[index],
-                        len(prompts[index]),
-                        tokens,
-                        steps,
-                        spec,
-                        concurrency,
-                        batch,
-                        timing,
-                    )
+                row = request_row(
+                    index, labels[index], len(prompts[index]), tokens, steps, spec, concurrency, batch, timing
                 )
+                rows.append(log.record(row, tokens))
             bar.update(len(indices))
     log.rows += rows
     return outputs, rows
@@ -158,17 +198,20 @@ def vllm_rows(
         )
     batch, timing = log.next_batch(), BatchTiming(wall_s=float(theirs.get("wall_seconds") or 0.0))
     rows = [
-        request_row(
-            i,
-            labels[i],
-            len(prompts[i]),
+        log.record(
+            request_row(
+                i,
+                labels[i],
+                len(prompts[i]),
+                theirs["token_ids"][i],
+                metrics["per_step_accepted"],
+                spec,
+                len(prompts),
+                batch,
+                timing,
+                metrics["per_step_drafted"],
+            ),
             theirs["token_ids"][i],
-            metrics["per_step_accepted"],
-            spec,
-            len(prompts),
-            batch,
-            timing,
-            metrics["per_step_drafted"],
         )
         for i, metrics in enumerate(requests)
     ]

@@ -30,6 +30,7 @@ from speculators.export.tensors import ascending_aux_layers, detect_prefix, stan
 from speculators.export.writer import write_validated
 from speculators.format.config import ProposalMethod, VerifierRef
 from speculators.format.validate import Finding
+from speculators.lineage import read_lineage
 from speculators.outputs import EXPORT_OUTPUT, check_output_dir
 from speculators.runs import TrainerCheckpoint, list_checkpoints, locate_checkpoint, recipe_value
 from speculators.verifier import embedded_weights_note, resolve_dtype, resolve_verifier_path
@@ -153,6 +154,11 @@ def export_checkpoint(
         tensors, config_dict, resolve_dtype(dtype), verifier_dir=verifier_path, where=checkpoint.label
     )
     config_dict, weights = ascending_aux_layers(config_dict, weights, checkpoint.label)
+    lineage = read_lineage(
+        checkpoint.run_dir
+    )  # an adapted draft says its parent and traffic window (no text)
+    if lineage is not None:
+        config_dict["lineage"] = lineage
     extra: dict[str, str | bytes | Path] = {}
     if model_card:
         evals = find_eval_artifacts(checkpoint.run_dir)
@@ -171,6 +177,7 @@ def export_checkpoint(
             evals=evals,
             run_dir=checkpoint.run_dir,
             vllm_refusal=families.of_config(verifier_config).vllm_refusal or None,
+            lineage=lineage,
         )
         extra["README.md"] = render_model_card(card)
         extra.update(evals.plots)

@@ -55,6 +55,9 @@ class CardInfo:
     run_dir: Path | None = None  # paths inside it are shown relative to it; any other local path by name only
     # what every vLLM answers when asked to serve a draft for this verifier's family (Family.vllm_refusal)
     vllm_refusal: str | None = None
+    lineage: dict[str, Any] | None = (
+        None  # an adapted draft's parent and traffic window (speculators.lineage)
+    )
 
 
 # ---- gathering ---------------------------------------------------------------------------------------------
@@ -529,6 +532,10 @@ def render_model_card(info: CardInfo) -> str:
             else [serving_section(verifier, k, local_verifier, method)]
         ),
     ]
+    if info.lineage:
+        from speculators.lineage import lineage_section
+
+        parts += ["", lineage_section(info.lineage, markdown_table)]
     if info.training or info.recipe:
         parts += ["", training_section(info)]
     if info.evals.tables or info.evals.plots:

@@ -51,6 +51,8 @@ def test_a_damaged_draft_vocab_file_is_named_with_the_fix(tmp_path):
     vocab.save(path)
     assert torch.equal(DraftVocab.load(path).t2d, vocab.t2d)
     path.write_bytes(path.read_bytes()[:20])
-    with pytest.raises(ValueError, match="draft_vocab.safetensors: cannot be read .*re-export or re-download"):
+    with pytest.raises(
+        ValueError, match="draft_vocab.safetensors: cannot be read .*re-export or re-download"
+    ):
         DraftVocab.load(path)
     assert [p.name for p in tmp_path.iterdir()] == ["draft_vocab.safetensors"]  # the save left no temporary

@@ -37,6 +37,8 @@ class Plan:
     masks: StepMasks
     needed: torch.Tensor
     extra: dict[str, Any]
+    # float [B, L] per-token loss weights (train.data.training_loss_weight); None: unweighted
+    loss_weight: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,9 @@ class Objective:
     sliding_window_layers: ClassVar[bool] = False
     # the recipe key that sets :attr:`steps` (named when train.max_length leaves a step nothing to train)
     steps_key: ClassVar[str] = "train.ttt_steps"
+    # whether its loss applies the data's per-token loss weights (``loss_weight``, train/losses.py); the trainer
+    # refuses weighted data for an objective that would ignore them
+    uses_loss_weights: ClassVar[bool] = False
 
     def __init__(self, settings: TrainSettings) -> None:
         self.settings = settings

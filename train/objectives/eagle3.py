@@ -5,7 +5,8 @@ projected verifier feature at j=0) and is scored against the verifier's distribu
 ``step_weight_decay**j``; HASS (:class:`HassTrainingTimeTest`) adds its top-K distillation term and feeds the
 previous step's features detached, both from its ``hass`` settings group (:class:`HassSettings`,
 recipes/hass/default.yaml). EAGLE-3.1 is the same unroll over a draft with ``norm_before_fc`` and ``norm_output``
-on (the variant declares them: speculators.algorithms.eagle3).
+on (the variant declares them: speculators.algorithms.eagle3). Data with per-token loss weights (traffic where the
+serving draft was rejected) weighs each position's CE and top-K term by its target token's weight (train/losses.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from train.assemble import (
     recipe_draft_config,
     scale_fc_by_feature_rms,
 )
-from train.data import MicroBatch
+from train.data import MicroBatch, training_loss_weight
 from train.losses import RowTerm, StepTerms, step_terms, step_weights
 from train.memory_plan import flex_padded_key_bytes
 from train.objectives import MemoryTerms, Objective, Plan, register
@@ -67,6 +68,7 @@ def topk_distillation(draft_logits: torch.Tensor, target_logits: torch.Tensor, k
 class TrainingTimeTest(Objective):
     algorithms = ("eagle3", "eagle31")
     sliding_window_layers = True
+    uses_loss_weights = True  # every step's CE (and HASS's top-K term) per token (train/losses.py)
 
     @classmethod
     def harmonized(cls, settings: TrainSettings) -> HassSettings:
@@ -166,7 +168,7 @@ class TrainingTimeTest(Objective):
 
     def plan(self, batch: MicroBatch, loss_mask: torch.Tensor, head: TargetHead, seed: int) -> Plan:
         masks, needed = self.step_masks(batch, loss_mask, head, self.steps)
-        return Plan(masks, needed, {})
+        return Plan(masks, needed, {}, training_loss_weight(batch))
 
     def loss(
         self,
@@ -201,7 +203,7 @@ class TrainingTimeTest(Objective):
     ) -> StepTerms:
         """Step ``step``'s loss sums (``topk``: the top-K term, or None) and top-1 hits from the training
         forward's logits."""
-        return step_terms(logits[step], verifier_logits, plan.masks, step, topk)
+        return step_terms(logits[step], verifier_logits, plan.masks, step, topk, plan.loss_weight)
 
     def evaluate(
         self, model: nn.Module, batch: MicroBatch, head: TargetHead, stats: StepStats, steps: int

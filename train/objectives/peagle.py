@@ -28,7 +28,8 @@ which it is an upper bound of the sampled one.
 
 Loss: soft cross-entropy (forward KL up to the target entropy) per depth, depth d weighted
 ``train.step_weight_decay ** d`` (speculators: 1.0 for every depth), each depth normalised by the global batch's
-trained count. Evaluation drafts K tokens at every held-out position from one (parallel) forward per anchor.
+trained count; data with per-token loss weights weighs each element's CE by its target token's
+(train/losses.py), as EAGLE-3 does. Evaluation drafts K tokens at every held-out position from one (parallel) forward per anchor.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from speculators.algorithms.peagle.config import PEagleConfig
 from speculators.algorithms.peagle.model import PEagleDraftModel
 from speculators.verifier import resolve_verifier_path, verifier_embedding
 from train.assemble import build_draft, calibrate_warm_start, draft_mask_token, scale_fc_by_feature_rms
-from train.data import MicroBatch
+from train.data import MicroBatch, training_loss_weight
 from train.losses import RowTerm, StepMasks, StepTerms, element_terms, shift_left
 from train.objectives import MemoryTerms, Plan, register
 from train.objectives.eagle3 import TrainingTimeTest
@@ -272,7 +273,8 @@ class ParallelDepths(TrainingTimeTest):
         sampled = StepMasks(masks.valid & chosen, masks.trained & chosen, masks.target_draft_id)
         if chosen.is_meta:  # the memory plan traces the full unroll (an upper bound of the sampled one)
             return Plan(sampled, needed, {})
-        return Plan(sampled, needed, {"elements": chain_elements(sampled.valid)})
+        elements = {"elements": chain_elements(sampled.valid)}
+        return Plan(sampled, needed, elements, training_loss_weight(batch))
 
     def forward_logits(self, model: nn.Module, batch: MicroBatch, plan: Plan) -> tuple[torch.Tensor, ...]:
         """The sampled elements' logits when the plan names them (training), else every depth everywhere."""
@@ -295,7 +297,9 @@ class ParallelDepths(TrainingTimeTest):
         elements = plan.extra.get("elements")
         if elements is None or step == 0:
             return super().terms(logits, verifier_logits, plan, step, topk)
-        return element_terms(logits[step], elements[step - 1], verifier_logits, plan.masks, step, topk)
+        return element_terms(
+            logits[step], elements[step - 1], verifier_logits, plan.masks, step, topk, plan.loss_weight
+        )
 
 
 __all__ = [
