@@ -210,14 +210,14 @@ def adapt_all(profile: dict[str, Any], name: str, replay: bool = True) -> tuple[
             f"{name}_plain_n{n}", parent, stream, profile, [f"adapt.max_requests={n}"]
         )
     top = max(profile["curve"])
-    replay = [
+    if not replay:
+        return parent, stream, runs
+    error_replay = [
         f"adapt.max_requests={top}",
         "adapt.error_replay=true",
         f"data_gen.regenerate.max_new_tokens={profile['tokens']}",
     ]
-    if not replay:
-        return parent, stream, runs
-    runs[f"replay_n{top}"] = adapt(f"{name}_replay_n{top}", parent, stream, profile, replay)
+    runs[f"replay_n{top}"] = adapt(f"{name}_replay_n{top}", parent, stream, profile, error_replay)
     return parent, stream, runs
 
 
